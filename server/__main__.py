@@ -786,13 +786,17 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
             await asyncio.wait({starting})
             if not starting.cancelled():
                 starting.result()  # what the start met before the cancellation landed
-    except (ConfigError, WarmupError):
+    except (ConfigError, WarmupError) as exc:
         # The message names the model's config file: a config error (exit 2), not a failed start.
         await _stop_after_failed_start(server)
+        line, status = _start_failure(exc)
+        _exit_if_held(server, stop_signal, status, line, lost=getattr(exc, "device_lost", None))
         raise
     except Exception as exc:
         await _stop_after_failed_start(server)
-        raise StartError(f"cannot start: {exc}") from exc
+        error = StartError(f"cannot start: {exc}")
+        _exit_if_held(server, stop_signal, 1, _start_failure(error)[0])
+        raise error from exc
     # Not when the signal came during the start: it stops before the ready line.
     serving = not stop.is_set()
     if serving:
@@ -810,17 +814,39 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     stop_signal.drained = True
     if not serving:
         _say("wok: stopped by a signal before serving")
-    if server.abandoned_work:
-        # A model thread is stuck; Python would wait for it forever at exit.
-        _say("wok: a model was still running after the grace period; exiting")
-        os._exit(1)
-    if server.device_lost is not None:
-        # Torch frees a lost device's memory at exit through calls that now fail, and a failure in a
-        # destructor aborts the process (SIGABRT, seen on an H200): leave without those frees.
-        _say(f"wok: exiting without freeing the lost device's memory ({server.device_lost})")
-        logging.shutdown()
-        os._exit(1)
+    _exit_if_held(server, stop_signal, 1)
     return status
+
+
+def _start_failure(exc: Exception) -> tuple[str, int]:
+    """The line `wok serve` says for a start that failed with `exc` (ConfigError, WarmupError or StartError), and
+    its exit status: 2 for a config error (a warm-up's failure names the model's config file), else 1."""
+    if isinstance(exc, StartError):
+        return f"wok: {exc}", 1
+    # A config's refusal names paths as given (a newline in one split the line): one line, as the options' refusals.
+    return f"wok: {one_line(str(exc)) if isinstance(exc, ConfigError) else exc}", 2
+
+
+def _exit_if_held(server, stop_signal: _StopSignal, status: int, line: str | None = None, lost=None) -> None:
+    """After the stop (a failed start's too): leave at once with `status`, through os._exit, where Python's own exit
+    would hang or abort. `line`: one to say first (a failed start's); `lost`: a device lost that the server was not
+    told of (a warm-up's)."""
+    lost = server.device_lost if lost is None else lost
+    if not server.abandoned_work and lost is None:
+        return
+    stop_signal.drained = True  # a signal now has nothing to cut short
+    if line is not None:
+        _say(line)  # a failed start's, which `main` would say after the loop
+    if server.abandoned_work:
+        # A model thread is stuck; Python would wait for it forever at exit (after a failed start as well: a
+        # request the gRPC port took before a later port's bind failed).
+        _say("wok: a model was still running after the grace period; exiting")
+        os._exit(status)
+    # Torch frees a lost device's memory at exit through calls that now fail, and a failure in a destructor aborts
+    # the process (SIGABRT, seen on an H200): leave without those frees.
+    _say(f"wok: exiting without freeing the lost device's memory ({lost})")
+    logging.shutdown()
+    os._exit(status)
 
 
 async def _stop_after_failed_start(server) -> None:
@@ -926,16 +952,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             # A failed start tears down as long as a stopped server does (torch): the same holds.
             stop_signal.after_loop()
-    except (ConfigError, WarmupError) as exc:
-        # A config's refusal names paths as given (a newline in one split the line): one line, as
-        # the options' refusals above.
-        print(f"wok: {one_line(str(exc)) if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
-        if isinstance(exc, WarmupError) and exc.device_lost is not None:
-            # As at a stop after the device was lost (_serve): torch's frees at exit would abort.
-            _say(f"wok: exiting without freeing the lost device's memory ({exc.device_lost})")
-            logging.shutdown()
-            os._exit(2)
-        return 2
-    except StartError as exc:
-        print(f"wok: {exc}", file=sys.stderr)
-        return 1
+    except (ConfigError, WarmupError, StartError) as exc:
+        # A warm-up on a lost device, or a model thread left running, has left through os._exit already (_serve).
+        line, status = _start_failure(exc)
+        print(line, file=sys.stderr)
+        return status

@@ -173,31 +173,40 @@ class Admin:
         self.watches = {name: _BatchWatch(self, rt) for name, rt in server.runtimes.items()}
         self._ticker: asyncio.Task | None = None
         self._closed = False  # by close(): subscribe() refuses, so the ticker cannot start again
+        # The ticker close() cancelled, until a close has seen it end: one whose wait was cancelled leaves it here.
+        self._ending: asyncio.Task | None = None
 
     def to_unix(self, perf: float) -> float:
         return round(perf + self._offset, 6)
 
     async def close(self) -> None:
         """End the events ticker, the fault timers and the observers on the model instances. Idempotent: a later
-        close (the metrics port's stop after its failed bind, then the server's) returns at once.
+        close (the metrics port's stop after its failed bind, then the server's) returns once the ticker has ended.
 
         All is undone before its one await, the ticker's end, so that nothing met there leaves it half done: a ticker
-        that had failed (its failure raised once the rest is undone) or a cancellation of the close (raised, where it
-        was swallowed and the close went on as if it had not come)."""
-        if self._closed:
+        that had failed (its failure raised once the rest is undone, by the close that sees it end) or a cancellation
+        of the close (raised, where it was swallowed and the close went on as if it had not come). A close cancelled
+        there leaves the ticker's end to the next, which awaits it: returning at once, a resumed stop left it
+        pending."""
+        if not self._closed:
+            # First: a subscribe() while the ticker's end is awaited would start another.
+            self._closed = True
+            self.faults.close()
+            for rt in self.server.runtimes.values():
+                for inst in rt.executor.instances:
+                    inst.observer = None
+            self._ending, self._ticker = self._ticker, None
+            if self._ending is not None:
+                self._ending.cancel()
+        ticker = self._ending
+        if ticker is None:
             return
-        # First: a subscribe() while the ticker's end is awaited would start another.
-        self._closed = True
-        self.faults.close()
-        for rt in self.server.runtimes.values():
-            for inst in rt.executor.instances:
-                inst.observer = None
-        ticker, self._ticker = self._ticker, None
-        if ticker is not None:
-            ticker.cancel()
-            await asyncio.wait({ticker})  # the ticker's own outcome is read below, not raised by the wait
-            if not ticker.cancelled() and ticker.exception() is not None:
-                raise ticker.exception()
+        await asyncio.wait({ticker})  # the ticker's own outcome is read below, not raised by the wait
+        if self._ending is not ticker:  # a close awaiting it beside this one has raised its failure
+            return
+        self._ending = None
+        if not ticker.cancelled() and ticker.exception() is not None:
+            raise ticker.exception()
 
     # -- faults -------------------------------------------------------------------------
     def get_faults(self) -> dict:

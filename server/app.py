@@ -175,6 +175,8 @@ class WokServer:
         self._stop_lock = asyncio.Lock()
         self._stop_done: set[str] = set()
         self._stop_failures: list[Exception] = []
+        # The models whose batcher's stop has ended (a cancelled drain ends them all): not stopped again by the next.
+        self._drained: set[str] = set()
         self.loop_lag: LoopLagMonitor | None = None
         self.accept: AcceptTasks | None = None
         self.wakeup_drain: WakeupDrain | None = None
@@ -522,23 +524,37 @@ class WokServer:
             # A batching task that failed while serving was logged then and its model turned NOT_SERVING: its
             # stop raising that failure again is no failure of the stop.
             known = {name: rt.batcher.failed for name, rt in self.runtimes.items()}
-            drains = {asyncio.ensure_future(rt.batcher.stop()): name for name, rt in self.runtimes.items()}
+            # Not those a cancelled stop's drain ended: stopped again, a batcher whose stop raised raised again,
+            # logged and counted twice.
+            drains = {
+                asyncio.ensure_future(rt.batcher.stop()): name
+                for name, rt in self.runtimes.items()
+                if name not in self._drained
+            }
             left_over = []
             try:
-                _, pending = await asyncio.wait(drains, timeout=left())
-                # Read before the cancellation fails what is left.
-                late = [self.runtimes[drains[d]].batcher for d in pending]
-                # Only what held work: with no grace at all (a failed start) every drain is still pending.
-                left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
+                if drains:
+                    _, pending = await asyncio.wait(drains, timeout=left())
+                    # Read before the cancellation fails what is left.
+                    late = [self.runtimes[drains[d]].batcher for d in pending]
+                    # Only what held work: with no grace at all (a failed start) every drain is still pending.
+                    left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
             finally:
                 # Past the grace period, and as well when this step fails or is cancelled partway: a drain left
                 # running outlived the stop, its batcher draining on and its requests unanswered.
                 for d in drains:
                     d.cancel()
                 ends = await asyncio.gather(*drains, return_exceptions=True)
+                self._drained.update(drains.values())
                 # One a batcher's stop raised (its failure log's stop, say): gathered, it was dropped unsaid.
                 for name, end in zip(drains.values(), ends):
-                    if isinstance(end, Exception) and end is not known[name]:
+                    if not isinstance(end, Exception) or end is known[name]:
+                        continue
+                    if end is self.runtimes[name].batcher.failed:
+                        # The batching task failed in the drain: the batcher logged it, with its traceback, as it
+                        # failed. It fails the stop, unlogged here: logged again, its traceback showed twice.
+                        failures.append(end)
+                    else:
                         failed(f"the drain of model '{name}'", end)
             if left_over:
                 log.warning(

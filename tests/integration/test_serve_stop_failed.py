@@ -1,7 +1,8 @@
 """`wok serve` whose stop fails (a stage raised: `WokServer._stop_stages` logs it and raises the first once all ran):
 one line `wok: the stop failed: ...`, exit status 1, and the exit checks after the stop still run. Uncaught, Python
 printed the logged traceback a second time, and a model thread still running held the exit until its batch ended.
-A start that failed, its stop failing too, says the start's error and exits with its status all the same."""
+A start that failed, its stop failing too, says the start's error and exits with its status all the same; one whose
+stop left a model thread running (a request the gRPC port took) exits at once, as a failed stop does."""
 
 from __future__ import annotations
 
@@ -165,3 +166,88 @@ def test_a_failed_start_whose_stop_fails_too_says_the_start_error_and_exits_with
     assert "stopping: the metrics' close failed; the stop goes on" in done.stderr, done.stderr
     # The stage's traceback, logged once: not printed again by Python with the error out of the CLI.
     assert done.stderr.count("""raise RuntimeError("test: the metrics' close failed")""") == 1, done.stderr
+
+
+# The start fails on the metrics port, which the model takes (as another process would) once a request the gRPC port
+# took is in it; the start is held at that port until then (the module's test code, as above: the server offers no
+# hook). That batch holds its model thread far past the stop after the failed start.
+HELD_AT_START_MODEL = """
+import asyncio
+import os
+import socket
+import sys
+import threading
+import time
+
+from torch import nn
+
+import wok.http
+
+entered = threading.Event()
+_start = wok.http.MetricsHTTPServer.start
+
+
+async def _start_once_entered(self):
+    await asyncio.get_running_loop().run_in_executor(None, entered.wait, 60)
+    await _start(self)
+
+
+wok.http.MetricsHTTPServer.start = _start_once_entered
+
+
+class Held(nn.Module):
+    held = None
+
+    def forward(self, x):
+        if x.flatten()[0].item() != 0:
+            self.held = socket.create_server(("127.0.0.1", int(os.environ["WOK_TEST_TAKE_PORT"])))
+            print("test: running", file=sys.stderr, flush=True)
+            entered.set()
+            time.sleep(float(os.environ["WOK_TEST_HELD_S"]))
+        return x * 2
+
+
+def build():
+    return Held()
+"""
+
+
+def test_a_failed_start_with_a_model_still_running_exits_at_once(tmp_path):
+    # The stop after a failed start gave up on the model thread (the server's abandoned_work), but the exit took
+    # Python's way: it waited for that thread, here the batch's 120 s.
+    write_python_model(tmp_path / "repo" / "held", HELD_AT_START_MODEL, devices=None)
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        grpc_port, metrics_port = a.getsockname()[1], b.getsockname()[1]
+    env = {**os.environ, "WOK_TEST_TAKE_PORT": str(metrics_port), "WOK_TEST_HELD_S": str(HELD_MS / 1e3)}
+    cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(tmp_path / "repo")]
+    cmd += ["--port", str(grpc_port), "--metrics-port", str(metrics_port), "--grace-period", "1"]
+    # Tried again within 0.5 s while the server loads (gRPC's default backoff grows to minutes).
+    backoff = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)]
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=backoff) as channel:
+                grpc.channel_ready_future(channel).result(timeout=120)
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                x = {"INPUT0": np.ones((1, 4), np.float32)}
+                call = stub.ModelInfer.future(encode_request("held", x), timeout=60)
+                # The stop after a failed start has no grace: the answers' second and the executors' wait, seconds.
+                code = proc.wait(30)
+                assert call.exception() is not None and call.exception().code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            err.seek(0)
+            log = err.read()
+    assert code == 1, log
+    lines = log.splitlines()
+    assert "test: running" in lines, log
+    # The start's line, which `main` says after the loop, then the stuck model's os._exit.
+    assert lines[-2].startswith(
+        f"wok: cannot start: cannot bind the metrics port to 127.0.0.1:{metrics_port}: the port is in use"
+    ), log
+    assert lines[-1] == "wok: a model was still running after the grace period; exiting", log
+    assert "Traceback" not in log, log

@@ -2,7 +2,8 @@
 the later ones undone, the metrics port and its admin (observers on the model instances, fault timers, the events
 ticker) and the executors' threads among them. Each failure is logged, the first raised once all have run. And
 a metrics port that never bound closes its admin at the stop (`MetricsHTTPServer.stop`). A stop cancelled partway
-leaves the steps it did not finish to the next stop, which runs them."""
+leaves the steps it did not finish to the next stop, which runs them, each failure logged once (a batcher's stop
+is not run again; the admin's close awaits the ticker's end that a cancelled one left)."""
 
 from __future__ import annotations
 
@@ -245,3 +246,143 @@ async def test_a_stop_cancelled_in_its_drain_is_finished_by_the_next_stop(gated_
     assert all(executor_ended(inst) for inst in instances(server))
     assert not server.abandoned_work
     await server.stop()  # stopped: at once
+
+
+def logged(caplog, exc: BaseException) -> list[logging.LogRecord]:
+    """The records that carry `exc` as their traceback."""
+    return [r for r in caplog.records if r.exc_info and r.exc_info[1] is exc]
+
+
+async def test_a_batching_task_that_fails_in_the_drain_is_logged_once_and_fails_the_stop(
+    gated_model, monkeypatch, caplog
+):
+    # Logged by the batcher as it failed, then by the stop's drain again: two ERRORs, each with the traceback.
+    servable, module = gated_model(max_batch_size=1, delay_ms=1.0, depth=1, enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    batcher = server.runtime("gated").batcher
+    stopping = None
+    try:
+        module.gate.clear()
+        x = {"INPUT0": np.ones((1, 4), np.float32)}
+        # One in the model, held at its gate; one queued behind it, which the drain's next batch takes.
+        pending = [batcher.submit(x, 1, None, None) for _ in range(2)]
+        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
+        bug = RuntimeError("test: a bug in the batcher")
+
+        def form(*args, **kwargs):
+            raise bug
+
+        monkeypatch.setattr(batcher, "_form", form)
+        caplog.set_level(logging.ERROR, logger="wok")
+        stopping = asyncio.ensure_future(server.stop(grace=30.0))
+        await until(lambda: batcher._stopping)  # its drain has begun
+    finally:
+        module.gate.set()
+    with pytest.raises(RuntimeError) as raised:
+        await stopping
+    assert raised.value is bug
+    assert batcher.failed is bug
+    assert [r.getMessage() for r in logged(caplog, bug)] == ["batcher for model 'gated' failed"]
+    assert not [r for r in caplog.records if FAILED in r.getMessage()]
+    assert all(p.future.done() for p in pending)
+    assert pending[0].future.exception() is None  # the batch held at the gate ran
+    assert "batcher failed: test: a bug in the batcher" in str(pending[1].future.exception())
+    assert all(executor_ended(inst) for inst in instances(server))
+
+
+async def test_a_batchers_stop_that_keeps_raising_is_logged_once_when_a_cancelled_stop_is_resumed(
+    gated_model, monkeypatch, caplog
+):
+    # The resumed stop drained the batcher again: its stop raised again, logged (with its traceback) and counted again.
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    port = server.port
+    batcher = server.runtime("gated").batcher
+    raised = []
+
+    def refuse() -> None:
+        raised.append(RuntimeError(f"test: the failure log's stop failed ({len(raised) + 1})"))
+        raise raised[-1]
+
+    monkeypatch.setattr(batcher.failures, "stop", refuse)
+    caplog.set_level(logging.ERROR, logger="wok")
+    try:
+        module.gate.clear()
+        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
+        first = asyncio.ensure_future(server.stop(grace=30.0))
+        await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
+        first.cancel()
+        await asyncio.wait({first})
+        assert first.cancelled()
+    finally:
+        module.gate.set()
+    assert len(raised) == 1 and isinstance(pending.future.exception(), ShuttingDown)
+    with pytest.raises(RuntimeError) as failed:
+        await asyncio.wait_for(server.stop(grace=5.0), 30)
+    assert failed.value is raised[0]  # the stop still fails with it
+    assert len(raised) == 1, [str(e) for e in raised]
+    assert [r.getMessage() for r in caplog.records if FAILED in r.getMessage()] == [
+        f"stopping: the drain of model 'gated' {FAILED}"
+    ]
+    assert len(logged(caplog, raised[0])) == 1
+    assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
+    assert all(executor_ended(inst) for inst in instances(server))
+
+
+def slow_ending_ticker(admin: Admin, monkeypatch) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make `admin`'s ticker one that, once cancelled, sets the first event and ends when the second is set."""
+    cancelled, release = asyncio.Event(), asyncio.Event()
+
+    async def ticks() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            await release.wait()
+            raise
+
+    monkeypatch.setattr(admin, "_tick_forever", ticks)
+    return cancelled, release
+
+
+async def test_an_admin_close_after_a_cancelled_one_awaits_the_tickers_end(admin_served, monkeypatch):
+    # The first close was cancelled in its wait for the ticker's end; the next returned at once, the ticker pending.
+    admin = admin_served.http.admin
+    cancelled, release = slow_ending_ticker(admin, monkeypatch)
+    admin.subscribe()
+    ticker = admin._ticker
+    closing = asyncio.ensure_future(admin.close())
+    await cancelled.wait()
+    closing.cancel()
+    await asyncio.wait({closing})
+    assert closing.cancelled() and not ticker.done()
+    # Set with no await before the close: the ticker can end only while the close waits for it.
+    release.set()
+    await admin.close()
+    assert ticker.done() and ticker.cancelled()
+    await admin.close()  # its end seen: at once
+
+
+async def test_a_stop_cancelled_as_its_admin_closes_leaves_nothing_pending_once_resumed(gated_model, monkeypatch):
+    servable, _ = gated_model(max_batch_size=2, delay_ms=1.0)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
+    await server.start()
+    admin, port = server.http.admin, server.http.port
+    cancelled, release = slow_ending_ticker(admin, monkeypatch)
+    admin.subscribe()
+    ticker = admin._ticker
+    first = asyncio.ensure_future(server.stop(grace=5.0))
+    await cancelled.wait()  # in the metrics port's stop, its admin's close waiting for the ticker
+    first.cancel()
+    await asyncio.wait({first})
+    assert first.cancelled() and not ticker.done()
+    release.set()
+    await asyncio.wait_for(server.stop(grace=5.0), 30)
+    assert ticker.done()
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "wok-admin-ticks" and not t.done()]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    assert all(executor_ended(inst) for inst in instances(server))
