@@ -551,26 +551,59 @@ class ReceivedRequest:
         return getattr(self.message, name)
 
     def ByteSize(self) -> int:
-        """The request's size as protobuf counts it (serialized): the message's, and each raw entry's field."""
+        """The request's size as protobuf counts it (serialized): the message's, and each raw entry's field. The
+        server holds a received request to its limit by the bytes received instead (`parse_infer_request`)."""
         tag = _varint_size(_RAW_INPUT_TAG)
         return self.message.ByteSize() + sum(tag + _varint_size(len(r)) + len(r) for r in self.raw_input_contents)
+
+
+class OversizedRequest:
+    """A received ModelInferRequest over the server's --max-request-bytes (`parse_infer_request`'s `max_bytes`),
+    `size` being the bytes received: decode_request refuses it, naming them. Every field reads as its message's
+    (a pb.ModelInferRequest or a ReceivedRequest): its model for the refusal, its id for a stream's answer."""
+
+    __slots__ = ("max_bytes", "message", "size")
+
+    def __init__(self, message: pb.ModelInferRequest | ReceivedRequest, size: int, max_bytes: int) -> None:
+        self.message = message
+        self.size = size
+        self.max_bytes = max_bytes
+
+    def __getattr__(self, name: str):
+        return getattr(self.message, name)
 
 
 def _varint_size(n: int) -> int:
     return max(1, (n.bit_length() + 6) // 7)
 
 
-def parse_infer_request(data: bytes) -> pb.ModelInferRequest | ReceivedRequest:
+def parse_infer_request(
+    data: bytes, max_bytes: int | None = None
+) -> pb.ModelInferRequest | ReceivedRequest | OversizedRequest:
     """A received ModelInferRequest: a ReceivedRequest when it is LARGE_REQUEST bytes or more and holds raw tensors,
     else the message protobuf parses (which raises DecodeError, as for the whole message, for one that does not
-    parse)."""
-    if len(data) >= LARGE_REQUEST:
-        split = _split_raw_inputs(data)
-        if split is not None and split[1]:
-            try:
-                return ReceivedRequest(pb.ModelInferRequest.FromString(split[0]), split[1])
-            except DecodeError:
-                pass  # refused below, in protobuf's words for the whole message
+    parse); an OversizedRequest around either where `data` is over `max_bytes` (the server's limit).
+
+    The limit is held here, against the bytes received, so that no request is serialized again to learn its size
+    (ByteSize() of a parsed message is a serialization of it: docs/performance.md, "Large requests read in place").
+    It is also the size the operator's limit is about: protobuf's count of the parsed message differs from the
+    bytes sent where these give a field twice (the last one kept), pad a varint, or leave a map entry's value out."""
+    size = len(data)
+    if size < LARGE_REQUEST and (max_bytes is None or size <= max_bytes):
+        return pb.ModelInferRequest.FromString(data)  # nearly every request: nothing more to look at
+    req = _parse_large(data) if size >= LARGE_REQUEST else pb.ModelInferRequest.FromString(data)
+    if max_bytes is not None and size > max_bytes:
+        return OversizedRequest(req, size, max_bytes)
+    return req
+
+
+def _parse_large(data: bytes) -> pb.ModelInferRequest | ReceivedRequest:
+    split = _split_raw_inputs(data)
+    if split is not None and split[1]:
+        try:
+            return ReceivedRequest(pb.ModelInferRequest.FromString(split[0]), split[1])
+        except DecodeError:
+            pass  # refused below, in protobuf's words for the whole message
     return pb.ModelInferRequest.FromString(data)
 
 
@@ -612,6 +645,13 @@ def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]] | None:
     return None
 
 
+def _over_limit(model: str, size: int, max_bytes: int) -> InvalidInput:
+    return InvalidInput(
+        f"request to model '{model}' is {size} bytes, over the limit of {max_bytes} bytes (the server's "
+        "--max-request-bytes)"
+    )
+
+
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     """The varint at `pos` and the position after it; (-1, -1) past the end or past 10 bytes."""
     value = shift = 0
@@ -625,22 +665,29 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def decode_request(
-    req: pb.ModelInferRequest | ReceivedRequest, servable, max_bytes: int | None = None, *, in_steps: bool = False
+    req: pb.ModelInferRequest | ReceivedRequest | OversizedRequest,
+    servable,
+    max_bytes: int | None = None,
+    *,
+    in_steps: bool = False,
 ) -> DecodedRequest:
     """Check a ModelInferRequest against the model's config and decode its inputs.
+
+    An OversizedRequest (received over the server's limit: `parse_infer_request`) is refused, naming the bytes
+    received. `max_bytes`: the limit for a request built in-process, which has no received size: its ByteSize()
+    (the bytes protobuf would send) is held to it. The server passes none: its deserializer held the limit.
 
     `in_steps`: an input sent as more than CONTENTS_CHUNK typed values has its first chunk read
     here and the rest left in `pending`, for `finish_decoding`, which also runs the model's value
     checks; without it, everything is read here."""
     cfg = servable.config
     model = cfg.name
+    if type(req) is OversizedRequest:
+        raise _over_limit(model, req.size, req.max_bytes)
     if max_bytes is not None:
         size = req.ByteSize()
         if size > max_bytes:
-            raise InvalidInput(
-                f"request to model '{model}' is {size} bytes, over the limit of {max_bytes} bytes (the server's "
-                "--max-request-bytes)"
-            )
+            raise _over_limit(model, size, max_bytes)
     expected_names = ", ".join(t.name for t in cfg.inputs)
     seen: dict[str, int] = {}
     for i, t in enumerate(req.inputs):

@@ -278,20 +278,34 @@ class Unparsed:
         self.error = error
 
 
-def tolerant_parser(request_cls, method: str) -> Callable[[bytes], Any]:
+def tolerant_parser(request_cls, method: str, max_request_bytes: int | None = None) -> Callable[[bytes], Any]:
     """A request deserializer for `method` ('/package.Service/Method') that returns an `Unparsed`
     instead of raising: a deserializer that raises makes grpc.aio answer UNKNOWN and log an ERROR
-    with a traceback for every such call, before any handler runs, and end a whole stream."""
-    name, from_string = request_cls.DESCRIPTOR.full_name, request_cls.FromString
+    with a traceback for every such call, before any handler runs, and end a whole stream.
+    A ModelInferRequest is read by `parse_infer_request`, which holds it to `max_request_bytes` by the
+    bytes received (over it: an OversizedRequest, which decode_request refuses)."""
+    name = request_cls.DESCRIPTOR.full_name
+
+    def unparsed(data: bytes, exc: DecodeError) -> Unparsed:
+        return Unparsed(InvalidInput(f"message is not a valid {name} ({len(data)} bytes): {exc} (sent to {method})"))
+
     if request_cls is pb.ModelInferRequest:
-        from_string = parse_infer_request  # a large one's raw tensors read in place (ReceivedRequest)
+        # A large one's raw tensors read in place (ReceivedRequest); the limit bound here, not in a partial,
+        # whose keyword would cost a dict a request.
+        def parse_infer(data: bytes):
+            try:
+                return parse_infer_request(data, max_request_bytes)
+            except DecodeError as exc:
+                return unparsed(data, exc)
+
+        return parse_infer
+    from_string = request_cls.FromString
 
     def parse(data: bytes):
         try:
             return from_string(data)
         except DecodeError as exc:
-            what = f"message is not a valid {name} ({len(data)} bytes): {exc} (sent to {method})"
-            return Unparsed(InvalidInput(what))
+            return unparsed(data, exc)
 
     return parse
 
@@ -338,12 +352,19 @@ _MAKE_HANDLER = {
 
 
 def add_tolerant_service(
-    server: grpc.aio.Server, module, service: str, servicer, *, answers_unparsed: Iterable[str] = ()
+    server: grpc.aio.Server,
+    module,
+    service: str,
+    servicer,
+    *,
+    answers_unparsed: Iterable[str] = (),
+    max_request_bytes: int | None = None,
 ) -> dict[str, grpc.RpcMethodHandler]:
     """Register `servicer` for `service` of the generated `module` (a *_pb2) as the generated code
     does, except that a request that does not parse is an `Unparsed` (`tolerant_parser`): the
     methods named in `answers_unparsed` answer it themselves; the others end with
-    INVALID_ARGUMENT before the servicer sees it.
+    INVALID_ARGUMENT before the servicer sees it. `max_request_bytes`: the limit on a ModelInferRequest
+    (`tolerant_parser`).
 
     Returns the handlers by fully qualified method name ('/inference.GRPCInferenceService/ModelInfer').
     """
@@ -359,7 +380,7 @@ def add_tolerant_service(
         make = _MAKE_HANDLER[method.client_streaming, method.server_streaming]
         handlers[method.name] = make(
             behaviour,
-            request_deserializer=tolerant_parser(request_cls, f"/{desc.full_name}/{method.name}"),
+            request_deserializer=tolerant_parser(request_cls, f"/{desc.full_name}/{method.name}", max_request_bytes),
             response_serializer=response_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
@@ -369,9 +390,15 @@ def add_tolerant_service(
 
 def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[str, grpc.RpcMethodHandler]:
     """Register the V2 service (`add_tolerant_service`); the inference methods answer a request
-    that does not parse themselves: counted, and on a stream for that one message only."""
+    that does not parse themselves: counted, and on a stream for that one message only. Their
+    deserializer holds a request to the server's --max-request-bytes (`parse_infer_request`)."""
     return add_tolerant_service(
-        server, pb, "GRPCInferenceService", service, answers_unparsed=("ModelInfer", "ModelStreamInfer")
+        server,
+        pb,
+        "GRPCInferenceService",
+        service,
+        answers_unparsed=("ModelInfer", "ModelStreamInfer"),
+        max_request_bytes=service.server.settings.max_request_bytes,
     )
 
 
@@ -614,15 +641,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         time_left: Callable[[], float | None] | None,
         call_timeout: float | None,
     ):
-        server = self.server
         servable = rt.servable
         if not request.raw_input_contents and typed_values(request, len(servable.config.inputs)) > CONTENTS_CHUNK:
-            # protobuf parsed it in this turn of the loop (~10 ns a value); its size check and
-            # reading take turns of their own, so that the requests around it go on in between.
+            # protobuf parsed it in this turn of the loop (~10 ns a value); its reading takes
+            # turns of its own, so that the requests around it go on in between.
             await asyncio.sleep(0)
         self._refuse_if_stopping()
         rt.batcher.check_room()
-        dec = decode_request(request, servable, server.settings.max_request_bytes, in_steps=True)
+        # No max_bytes: the deserializer held the request to the limit by the bytes received, and
+        # one over it is an OversizedRequest, which decode_request refuses.
+        dec = decode_request(request, servable, in_steps=True)
         if dec.pending:
             # A stop beginning meanwhile ends the read at the next chunk: read to the end, the
             # request would be refused all the same, with the stop waiting for it.

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from torch import nn
 
-from wok.codec import LARGE_REQUEST, ReceivedRequest, decode_request, encode_request
+from wok.codec import LARGE_REQUEST, OversizedRequest, ReceivedRequest, decode_request, encode_request
 from wok.config import model_config_from_dict
 from wok.errors import InvalidInput
 from wok.servable import Servable
@@ -118,6 +118,30 @@ def test_a_small_request_is_protobufs_message():
     # Below LARGE_REQUEST, protobuf's parse is quicker than the walk of the fields that finds the raw ones.
     data = encode_request("wide", {"ids": np.zeros((1, 4), np.int64)}).SerializeToString()
     assert type(parse(data)) is pb.ModelInferRequest
+
+
+@pytest.mark.parametrize("values", [4, LARGE_REQUEST], ids=["small", "large"])
+def test_a_request_is_held_to_the_servers_limit_by_the_bytes_received(values):
+    # Its `id` given twice, the first one long: protobuf keeps the last, and its count (ByteSize) leaves the first
+    # out; the limit is about the bytes received, and counting them costs no serialization.
+    req = encode_request("wide", inputs(values), request_id="r1")
+    data = _field(3, b"x" * 2000) + req.SerializeToString()
+    assert pb.ModelInferRequest.FromString(data).ByteSize() == len(data) - 2003
+    read = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", len(data) - 1)
+    over = read(data)
+    assert type(over) is OversizedRequest
+    assert (over.size, over.max_bytes, over.model_name, over.id) == (len(data), len(data) - 1, "wide", "r1")
+    assert type(over.message) is (ReceivedRequest if values == LARGE_REQUEST else pb.ModelInferRequest)
+    with pytest.raises(InvalidInput) as info:
+        decode_request(over, servable())  # refused whatever decode_request's max_bytes (none here)
+    assert str(info.value) == (
+        f"request to model 'wide' is {len(data)} bytes, over the limit of {len(data) - 1} bytes "
+        "(the server's --max-request-bytes)"
+    )
+    # At the limit: the message itself, no wrapper a request.
+    at = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", len(data))(data)
+    assert type(at) is (ReceivedRequest if values == LARGE_REQUEST else pb.ModelInferRequest)
+    np.testing.assert_array_equal(decode_request(at, servable()).inputs["ids"], inputs(values)["ids"])
 
 
 def test_a_large_request_reads_as_protobufs_message_whatever_the_order_of_its_fields():
