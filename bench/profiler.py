@@ -44,7 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_c
 from wok import tables
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import onednn_counts
-from wok.errors import ModelExecutionError
+from wok.errors import ModelExecutionError, message_of, script_error
 from wok.executor import Executor, failure_line, resolve_devices
 from wok.servable import HostBuffers, Servable
 
@@ -166,8 +166,17 @@ class _WorkMode(TorchDispatchMode):
         self.params = params  # storage pointer -> bytes, for parameters and buffers
         self.seen: set[int] = set()
         self.work = work
-        # An op's error as raised here: a TorchScript model's RuntimeError then holds no message of it.
+        # The last op's error as raised here: a TorchScript model's own error then holds no message of it (`told`).
         self.failed: Exception | None = None
+
+    def told(self, exc: Exception) -> Exception:
+        """The error a forward that raised `exc` under this mode is told with. Only a TorchScript model's op error
+        is the one kept here: the interpreter's error raised for it holds no message of it, and a script catches
+        nothing. A Python model's op error is `exc` itself, and one it caught before is no part of what it raised
+        (`try: ...; except IndexError: raise ValueError(...)`): the executor tells `exc`, and so is it told."""
+        if self.failed is not None and script_error(message_of(exc)) is not None:
+            return self.failed
+        return exc
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -275,7 +284,7 @@ def count_work(servable: Servable, device: torch.device, requests: Sequence[dict
             try:
                 servable.forward(module, tensors)
             except Exception as exc:  # the requests may be none the timing ran: told as the executor tells it
-                raise ModelExecutionError(failure_line(servable.name, mode.failed or exc)) from exc
+                raise ModelExecutionError(failure_line(servable.name, mode.told(exc))) from exc
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
     work.flops_counter = int(counter.get_total_flops())

@@ -1349,6 +1349,42 @@ def test_counting_requests_the_model_fails_is_told_as_the_models_failure(tmp_pat
     assert str(refused.value) == "model 'doubled' failed: IndexError: index out of range in self"
 
 
+CAUGHT_MODEL = """
+import torch
+from torch import nn
+
+
+class Caught(nn.Module):
+    def forward(self, x):
+        try:  # an op's error the model catches, taking another way
+            x[:, torch.tensor([99])]
+        except IndexError as exc:
+            if WAY == "chained":
+                raise ValueError("the model's own refusal") from exc
+        if WAY == "ops after":
+            x = x * 2
+        raise ValueError("the model's own refusal")
+
+
+def build(**parameters):
+    return Caught()
+"""
+
+
+@pytest.mark.parametrize("way", ["ops after", "none after", "chained"])
+def test_counting_tells_the_models_own_error_not_an_op_error_it_caught(tmp_path, way):
+    """The counting told the last op's error kept under its dispatch mode, whatever the model raised after it: a
+    model that caught an op's error and then raised its own was told as failing with the op's (IndexError: index 99
+    is out of bounds ...), where the executor tells its own ("ValueError: the model's own refusal")."""
+    from wok.errors import ModelExecutionError
+
+    folder = write_python_model(tmp_path / "caught", CAUGHT_MODEL.replace("WAY", repr(way)), 4)
+    servable = load_servable(folder)
+    with pytest.raises(ModelExecutionError) as refused:
+        profiler.count_work(servable, CPU, [{"INPUT0": np.zeros((1, 4), np.float32)}])
+    assert str(refused.value) == "model 'caught' failed: ValueError: the model's own refusal"
+
+
 class _WideAndNarrow(torch.nn.Module):
     """`a` (INT64) gathers from 200 rows; `b` (INT8), widened, from 300: its ids stop at 127, its datatype's cap."""
 
