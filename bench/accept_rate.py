@@ -217,9 +217,9 @@ def _settings(p: argparse.ArgumentParser, args) -> list[tuple[int, float, int, i
     """Every (loops, hog µs, accept tasks, drain) to measure, or the parser's error (exit 2) for a bad
     option, checked before the first server starts."""
     if not (args.duration > 0 and math.isfinite(args.duration)):
-        p.error(f"--duration: expected seconds > 0, got {args.duration:g}")
+        p.error(f"--duration: expected seconds > 0; got {args.duration:g}")
     if not (args.warmup >= 0 and math.isfinite(args.warmup)):
-        p.error(f"--warmup: expected seconds >= 0, got {args.warmup:g}")
+        p.error(f"--warmup: expected seconds >= 0; got {args.warmup:g}")
     for option, value in (("--channels", args.channels), ("--inflight", args.inflight), ("--reps", args.reps)):
         if (refusal := integer_refusal(option, value, 1)) is not None:
             p.error(refusal)

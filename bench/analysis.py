@@ -24,6 +24,7 @@ import numpy as np
 from wok.servertiming import TIMING_COLUMNS, TIMING_COUNTS, TIMING_PARTS
 
 from .histogram import LatencyHistogram
+from .payloads import integer_refusal
 
 # /2 since 2026-12-02: offered_qps, knee_qps, littles_law.mean_inflight_measured and wok simulate's
 # utilization, loop_utilization and mean_batch_size changed meaning inside /1 on 2026-11-30 and
@@ -107,7 +108,7 @@ def step_result(
     for a CPU, workers.HostShare; NaN unknown): `late_sends_own` counts the sends late without it.
     """
     if duration_s <= 0:
-        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+        raise ValueError(f"duration_s: expected a number > 0; got {duration_s}")
     intended = np.asarray(intended_s, dtype=np.float64).ravel()
     sent = np.asarray(sent_s, dtype=np.float64).ravel()
     done = np.asarray(done_s, dtype=np.float64).ravel()
@@ -417,8 +418,8 @@ def _lowest_failing_offer(steps: Sequence[dict], slo_p99_ms: float, min_success_
 
 def refine_points(last_pass: float, first_fail: float, n: int) -> list[float]:
     """n offers evenly spaced strictly between a passing and a failing offer (a grid refinement)."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    if (refusal := integer_refusal("n", n, 0)) is not None:
+        raise ValueError(refusal)
     step = (first_fail - last_pass) / (n + 1)
     return [last_pass + k * step for k in range(1, n + 1)]
 

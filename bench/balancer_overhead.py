@@ -26,6 +26,7 @@ from pathlib import Path
 
 from wok.bench.analysis import latency_summary
 from wok.bench.outputs import finish_json, refuse_unwritable
+from wok.bench.payloads import integer_refusal
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.balancer_overhead/1"
@@ -176,8 +177,9 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
-    if args.requests < 1 or args.inflight < 1 or args.servers < 1 or args.rounds < 1:
-        p.error("--requests, --inflight, --servers and --rounds must be >= 1")
+    for option in ("--requests", "--inflight", "--servers", "--rounds"):
+        if (refusal := integer_refusal(option, getattr(args, option.removeprefix("--")), 1)) is not None:
+            p.error(refusal)
     try:
         import uvloop  # as the bench's workers; only for this run's loop, not the process's policy
 

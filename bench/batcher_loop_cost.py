@@ -393,7 +393,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.revs = args.rev or [WORKTREE]
     twice = sorted({r for r in args.revs if args.revs.count(r) > 1})
     if twice:
-        p.error(f"--rev: expected each revision once, got {', '.join(twice)} more than once")
+        p.error(f"--rev: expected each revision once; got {', '.join(twice)} more than once")
     for option, value in (("--reps", args.reps), ("--n", args.n), ("--warmup", args.warmup)):
         if (refusal := integer_refusal(option, value, 1)) is not None:
             p.error(refusal)
@@ -402,7 +402,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not args.case_list:
         p.error(f"--cases: expected some of {', '.join(CASES)}, comma-separated; got {quoted_name(args.cases)}")
     if not (args.host_probe >= 0 and math.isfinite(args.host_probe)):
-        p.error(f"--host-probe: expected seconds >= 0 (0: off), got {args.host_probe:g}")
+        p.error(f"--host-probe: expected seconds >= 0 (0: off); got {args.host_probe:g}")
     # Resolved once, up front: an unknown revision is refused before anything runs, and every rep
     # runs the same commit even if a branch REV names moves meanwhile.
     args.targets = {}
@@ -411,7 +411,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for rev in args.revs:
         if rev != WORKTREE and not REV_PEER.fullmatch(f"wok@{rev}"):
             p.error(
-                f"--rev: expected {WORKTREE} or a git revision (letters, digits and _.~^/-), got {quoted_name(rev)}"
+                f"--rev: expected {WORKTREE} or a git revision (letters, digits and _.~^/-); got {quoted_name(rev)}"
             )
         try:
             args.targets[rev] = resolve(rev)

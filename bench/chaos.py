@@ -161,9 +161,9 @@ class Plan:
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
-            raise ValueError(f"--seconds: expected a number > 0, got {self.seconds:g}")
+            raise ValueError(f"--seconds: expected a number > 0; got {self.seconds:g}")
         if not self.rate > 0:
-            raise ValueError(f"--rate: expected requests/s > 0, got {self.rate:g}")
+            raise ValueError(f"--rate: expected requests/s > 0; got {self.rate:g}")
         if (refusal := integer_refusal("--streams", self.streams, 0)) is not None:
             raise ValueError(refusal)
 

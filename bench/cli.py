@@ -799,7 +799,9 @@ def _check_aim(args) -> None:
     if (refusal := integer_refusal("--workers", args.workers, 1)) is not None:
         raise ValueError(refusal)
     if not args.stop_factor > 0:  # NaN too
-        raise ValueError(f"--stop-factor must be > 0 (inf: no stop by P99 or success rate); got {args.stop_factor:g}")
+        raise ValueError(
+            f"--stop-factor: expected a number > 0 (inf: no stop by P99 or success rate); got {args.stop_factor:g}"
+        )
     if (refusal := integer_refusal("--refine", args.refine, 0)) is not None:  # taken as 0 before, without a word
         raise ValueError(refusal)
     # NaN compares false: a NaN threshold found no knee, and wrote NaN into the JSON; a NaN
@@ -1094,7 +1096,7 @@ def run(args) -> int:
     plain = args.soak is None and not args.fault and args.replicas is None
     probe_s = _named("--host-probe", parse_duration, args.host_probe)
     if not math.isfinite(probe_s):
-        raise ValueError(f"--host-probe: expected a finite duration (0: off), got {quoted_name(args.host_probe)}")
+        raise ValueError(f"--host-probe: expected a finite duration (0: off); got {quoted_name(args.host_probe)}")
     if probe_s and not plain:
         raise ValueError("--host-probe is for plain ramps; not with --soak, --fault or --replicas")
     if cfg.start_at is not None and not plain:

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     ):
         p.error(refusal)
     if args.model not in DEMO_MODELS:
-        p.error(f"--model: expected a demo model with one FP32 input (mlp), got {quoted_name(args.model)}")
+        p.error(f"--model: expected a demo model with one FP32 input (mlp); got {quoted_name(args.model)}")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     servable = build_demo(args.model)
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     # The batches are rows of ones of one input's fixed dims (recsys has two inputs, encoder variable dims).
     if len(inputs) != 1 or min(inputs[0].dims, default=1) < 0:
         got = ", ".join(f"{i.name} {i.datatype}{list(i.dims)}" for i in inputs)
-        p.error(f"--model {args.model}: expected a demo model with one FP32 input of fixed dims, got inputs {got}")
+        p.error(f"--model {args.model}: expected a demo model with one FP32 input of fixed dims; got inputs {got}")
     (inp,) = inputs
     executor = Executor(servable, InstanceConfig(count=1, devices=("cpu",), pipeline_depth=1))
     instance = executor.instances[0]

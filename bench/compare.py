@@ -835,18 +835,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown server(s) {', '.join(map(quoted_name, unknown))}; known: {', '.join(PEERS)}")
     if not args.server_list:
-        p.error(f"--servers: expected at least one server name, got {quoted_name(args.servers)}")
+        p.error(f"--servers: expected at least one server name; got {quoted_name(args.servers)}")
     twice = sorted({s for s in args.server_list if args.server_list.count(s) > 1})
     if twice:
-        p.error(f"--servers: expected each server once, got {', '.join(twice)} more than once")
+        p.error(f"--servers: expected each server once; got {', '.join(twice)} more than once")
     if not (args.host_probe >= 0 and math.isfinite(args.host_probe)):
-        p.error(f"--host-probe: expected seconds >= 0 (0: off), got {args.host_probe:g}")
+        p.error(f"--host-probe: expected seconds >= 0 (0: off); got {args.host_probe:g}")
     # Every value checked here: a bad one found once the first server is up costs its start.
     for option, value in (("--reps", args.reps), ("--workers", args.workers)):
         if (refusal := integer_refusal(option, value, 1)) is not None:
             p.error(refusal)
     if not (args.stop_factor > 0 and math.isfinite(args.stop_factor)):
-        p.error(f"--stop-factor: expected a number > 0, got {args.stop_factor:g}")
+        p.error(f"--stop-factor: expected a number > 0; got {args.stop_factor:g}")
     try:
         args.step_list = parse_steps(args.steps)
     except ValueError as exc:
@@ -861,7 +861,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as exc:
             p.error(f"{option}: {exc}")
     if args.step_duration_s <= 0:
-        p.error(f"--step-duration: expected a duration > 0, got {quoted_name(args.step_duration)}")
+        p.error(f"--step-duration: expected a duration > 0; got {quoted_name(args.step_duration)}")
     try:
         # As each step parses it (runner.run_step). A rate only has to be > 0 (the lowest step) and
         # its multiples finite (the highest): the two ends stand for every step, a trace read twice.

@@ -696,8 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
-    if args.minutes <= 0:
-        print("wok fuzz: --minutes must be > 0", file=sys.stderr)
+    if not args.minutes > 0:  # NaN passed `<= 0`: a run of no rounds, exit 0
+        print(f"wok fuzz: --minutes: expected a number > 0; got {args.minutes:g}", file=sys.stderr)
         return 2
     if args.target is not None:
         from wok.bench.cli import check_one_target

@@ -49,9 +49,9 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
     discarded (it pays for first touches).
     """
     if not 0 < seconds < math.inf:
-        raise ValueError(f"host probe: seconds must be > 0 and finite, got {seconds!r}")
+        raise ValueError(f"host probe: seconds: expected a finite number > 0; got {seconds!r}")
     if not 0 < gap_s < math.inf:
-        raise ValueError(f"host probe: gap_s must be > 0 and finite, got {gap_s!r}")
+        raise ValueError(f"host probe: gap_s: expected a finite number > 0; got {gap_s!r}")
     import torch  # here, not at import: a harness that never probes need not load it
     import torch.nn.functional as F
 

@@ -162,13 +162,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
     if not (args.qps > 0 and math.isfinite(args.qps)):
-        p.error(f"--qps: expected a rate > 0, got {args.qps:g}")
+        p.error(f"--qps: expected a rate > 0; got {args.qps:g}")
     try:
         duration_s = parse_duration(args.duration)
     except ValueError as exc:
         p.error(f"--duration: {exc}")
     if duration_s <= 0:
-        p.error(f"--duration: expected a duration > 0, got {quoted_name(args.duration)}")
+        p.error(f"--duration: expected a duration > 0; got {quoted_name(args.duration)}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as wok serve sets it, before torch loads
     import uvloop
 

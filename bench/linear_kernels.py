@@ -18,6 +18,7 @@ oneDNN, with wok's padding.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from wok.bench.analysis import latency_summary
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
+from wok.bench.payloads import integer_refusal
 
 SCHEMA = "wok.linear_kernels/1"
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64, 128, 256, 512)
@@ -59,11 +61,13 @@ def main(argv=None) -> int:
     for option, value, least in (
         ("--reps", args.reps, 1),
         ("--threads", args.threads, 1),
-        ("--gap-ms", args.gap_ms, 0),
         ("--max-rows-rss", args.max_rows_rss, 4),
     ):
-        if value < least:
-            p.error(f"{option}: expected a number >= {least}, got {value:g}")
+        if (refusal := integer_refusal(option, value, least)) is not None:
+            p.error(refusal)
+    # NaN passed `< 0`: time.sleep refused it after the first series had run; inf never wakes.
+    if not (args.gap_ms >= 0 and math.isfinite(args.gap_ms)):
+        p.error(f"--gap-ms: expected milliseconds >= 0; got {args.gap_ms:g}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 

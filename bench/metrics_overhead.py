@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         if (refusal := integer_refusal(option, value, 1)) is not None:
             ap.error(refusal)
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
-        ap.error(f"--seconds: expected a number > 0, got {args.seconds:g}")
+        ap.error(f"--seconds: expected a number > 0; got {args.seconds:g}")
     gc.disable()  # the load generator's own pauses would cap both runs alike, and add noise
     runs, ratios = [], []
     for rep in range(args.reps):

@@ -41,6 +41,7 @@ from ..errors import quoted_name, shown_value
 from ..numerals import SPACES, read_decimal
 from .arrivals import DURATION, parse_duration
 from .outputs import json_text, replacing
+from .payloads import integer_refusal
 
 SCHEMA = "wok.plan/1"
 # analysis.READ_SCHEMAS, spelled out so that planning does not import numpy. The step figures read
@@ -760,13 +761,11 @@ class Autoscaling:
                 f"{_named(names, 'sustain_s')}sustain must be whole seconds from 0 to 1h (the HPA's stabilization "
                 f"window); got {_d(self.sustain_s)} s"
             )
-        if self.max_replicas is not None and self.max_replicas < 1:
-            raise ValueError(f"{_named(names, 'max_replicas')}max replicas must be >= 1; got {self.max_replicas}")
-        if self.max_replicas is not None and self.max_replicas > MAX_REPLICAS:
-            raise ValueError(
-                f"{_named(names, 'max_replicas')}max replicas must be at most {MAX_REPLICAS} (the autoscalers' "
-                f"replica counts are 32-bit integers); got {self.max_replicas}"
-            )
+        if self.max_replicas is not None:
+            option = f"{_named(names, 'max_replicas')}max replicas"
+            int32 = " (the autoscalers' replica counts are 32-bit integers)"
+            if (refusal := integer_refusal(option, self.max_replicas, 1, int32, most=MAX_REPLICAS)) is not None:
+                raise ValueError(refusal)
         for key, what, name in (
             ("deployment", "deployment", self.deployment),
             ("namespace", "namespace", self.namespace),
@@ -872,8 +871,8 @@ def _build_plan(
         raise ValueError("give the peak exactly one way: a peak QPS, a burst profile, or per-team peaks")
     if not 0 < target_util <= 1:
         raise ValueError(f"{_named(names, 'target_util')}target utilization must be in (0, 1]; got {_d(target_util)}")
-    if isinstance(redundancy, bool) or not isinstance(redundancy, int) or redundancy < 0:
-        raise ValueError(f"{_named(names, 'redundancy')}redundancy k must be an integer >= 0; got {redundancy!r}")
+    if (refusal := integer_refusal(f"{_named(names, 'redundancy')}redundancy k", redundancy, 0)) is not None:
+        raise ValueError(refusal)
     team_names = [t for t, _ in teams]
     if len(set(team_names)) != len(team_names):
         raise ValueError(f"a team is named twice: {team_names}")

@@ -402,9 +402,11 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         if len(set(self.batch_sizes)) < 2:
-            raise ValueError(f"--batch-sizes: need two or more different sizes to fit α and β; got {self.batch_sizes}")
+            raise ValueError(
+                f"--batch-sizes: expected two or more different sizes (to fit α and β); got {self.batch_sizes}"
+            )
         if any(n < 1 for n in self.batch_sizes):
-            raise ValueError(f"--batch-sizes: sizes must be >= 1; got {self.batch_sizes}")
+            raise ValueError(f"--batch-sizes: expected sizes >= 1; got {self.batch_sizes}")
         # --seed: numpy's own refusal names no option ("expected non-negative integer").
         for option, value, least in (
             ("--warmup", self.warmup, 0),
@@ -440,7 +442,7 @@ def parse_batch_sizes(spec: str) -> list[int]:
         detail = str(exc).split(": ", 1)[-1]
         raise ValueError(f"--batch-sizes {quoted_name(spec)}: {detail.replace('each step', 'each size')}") from None
     if any(v != int(v) for v in values):
-        raise ValueError(f"--batch-sizes {quoted_name(spec)}: batch sizes must be whole numbers")
+        raise ValueError(f"--batch-sizes: expected whole numbers; got {quoted_name(spec)}")
     return [int(v) for v in values]
 
 

@@ -169,7 +169,7 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
             ap.error(f"--servers: {exc}")
     twice = sorted({s for s in servers if servers.count(s) > 1})
     if twice:
-        ap.error(f"--servers: expected each server once, got {', '.join(twice)} more than once")
+        ap.error(f"--servers: expected each server once; got {', '.join(twice)} more than once")
     try:
         rows_list = [read_int(r) for r in args.rows.split(",")]
     except ValueError:

@@ -41,6 +41,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` does, befo
 import numpy as np
 
 from wok.bench.outputs import output_problem, refuse_unwritable, write_final, write_outputs
+from wok.bench.payloads import integer_refusal
 from wok.bench.report import read_json_object
 
 SCHEMA = "wok.slocompare/1"
@@ -395,9 +396,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.delays_ms = [1e3 * duration("--delays", x) for x in args.delays.split(",")]
     if args.fixed:
         args.fixed = (args.fixed[0], 1e3 * duration("--fixed", args.fixed[1]))
-    for option, value in (("--rows", args.rows), ("--reps", args.reps), ("--base-qps", args.base_qps)):
-        if not (math.isfinite(value) and value > 0):  # nan > 0 and nan <= 0 are both False
-            p.error(f"{option}: expected a finite number > 0, got {value:g}")
+    for option, value in (("--rows", args.rows), ("--reps", args.reps)):
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            p.error(refusal)
+    if not (math.isfinite(args.base_qps) and args.base_qps > 0):  # nan > 0 and nan <= 0 are both False
+        p.error(f"--base-qps: expected a finite number > 0; got {args.base_qps:g}")
     # The input files, read here: a missing or wrong one found after the profile and tuning costs them.
     if args.replot:
         try:

@@ -462,7 +462,7 @@ def soak_values(args, cfg: RampConfig) -> tuple[float, float, float, float]:
             "measure"
         )
     if args.capacity is not None and not args.capacity > 0:
-        raise ValueError(f"--capacity must be > 0; got {args.capacity}")
+        raise ValueError(f"--capacity: expected a rate > 0; got {args.capacity:g}")
     _check_arrivals(args, cfg, share, duration)
     return duration, window, every, share
 
@@ -476,7 +476,7 @@ def _duration(option: str, text: str) -> float:
     except ValueError as exc:
         raise ValueError(f"{option}: {exc}") from None
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{option} must be > 0 and finite; got {quoted_name(text)}")
+        raise ValueError(f"{option}: expected a finite duration > 0; got {quoted_name(text)}")
     return value
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
+from wok.bench.payloads import integer_refusal
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.stream_vs_unary/1"
@@ -135,8 +136,13 @@ def main(argv=None) -> int:
     refuse_unwritable(p, args, "--json")
     if not sys.platform.startswith("linux"):
         p.error("reads the server's CPU time from Linux's /proc")
-    if args.requests < 1 or args.inflight < 1 or not 1 <= args.streams <= args.inflight:
-        p.error("--requests and --inflight must be >= 1, and 1 <= --streams <= --inflight")
+    # --rounds 0 was taken: the server started and warmed, then the median of no runs failed (StatisticsError).
+    for option, value in (("--requests", args.requests), ("--inflight", args.inflight), ("--rounds", args.rounds)):
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            p.error(refusal)
+    shared = " (the streams share --inflight's requests)"
+    if (refusal := integer_refusal("--streams", args.streams, 1, shared, most=args.inflight)) is not None:
+        p.error(refusal)
 
     import numpy as np
 

@@ -56,11 +56,11 @@ def main(argv=None) -> int:
     if (refusal := integer_refusal("--reps", args.reps, 1)) is not None:
         p.error(refusal)
     if not (args.gap_ms >= 0 and math.isfinite(args.gap_ms)):
-        p.error(f"--gap-ms: expected milliseconds >= 0, got {args.gap_ms:g}")
+        p.error(f"--gap-ms: expected milliseconds >= 0; got {args.gap_ms:g}")
     # The touch series sleeps gap - lead before its read: a lead past the gap cannot be slept.
     if not (args.touch_lead_ms > 0 and (args.touch_lead_ms <= args.gap_ms or args.gap_ms == 0)):
         p.error(
-            f"--touch-lead-ms: expected milliseconds > 0 and <= --gap-ms ({args.gap_ms:g}), got {args.touch_lead_ms:g}"
+            f"--touch-lead-ms: expected milliseconds > 0 and <= --gap-ms ({args.gap_ms:g}); got {args.touch_lead_ms:g}"
         )
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import numpy as np

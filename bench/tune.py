@@ -444,7 +444,7 @@ def tune_cpu_stage(path: Path | None, per_request: str | None, cores: float | No
         stage = replace(stage, cpu_in_s=share * total, cpu_out_s=(1 - share) * total)
     if cores is not None:
         if not cores >= 0 or cores == float("inf"):
-            raise ValueError(f"--cores {cores!r}: must be a finite number ≥ 0")
+            raise ValueError(f"--cores: expected a finite number >= 0; got {cores:g}")
         stage = replace(stage, cores=cores)
     return stage
 

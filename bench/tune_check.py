@@ -1157,7 +1157,7 @@ def parse_args(argv=None):
                         ("--cpu-calibration-duration", args.cpu_calibration_duration),
                         ("--sim-duration", sim_duration)):  # fmt: skip
         if value <= 0:
-            p.error(f"{name}: expected a duration > 0, got {value:g} s")
+            p.error(f"{name}: expected a duration > 0; got {value:g} s")
     for name, value in (("--reps", args.reps), ("--workers", args.workers), ("--profile-reps", args.profile_reps)):
         if (refusal := integer_refusal(name, value, 1)) is not None:
             p.error(refusal)
@@ -1165,9 +1165,9 @@ def parse_args(argv=None):
     if (refusal := integer_refusal("--seed", args.seed, 0)) is not None:
         p.error(refusal)
     if not (args.calibration_qps > 0 and np.isfinite(args.calibration_qps)):
-        p.error(f"--calibration-qps: expected a rate > 0, got {args.calibration_qps:g}")
+        p.error(f"--calibration-qps: expected a rate > 0; got {args.calibration_qps:g}")
     if not (args.cores > 0 and np.isfinite(args.cores)):
-        p.error(f"--cores: expected a number > 0, got {args.cores:g}")
+        p.error(f"--cores: expected a number > 0; got {args.cores:g}")
     if args.profile:
         try:
             args.profile_doc, args.profile_fit = read_profile(args.profile)
@@ -1616,7 +1616,7 @@ def _seconds(spec: str) -> float:
 
     seconds = parse_duration(spec)
     if not np.isfinite(seconds):
-        raise ValueError(f"expected a finite duration, got {spec!r}")
+        raise ValueError(f"expected a finite duration; got {spec!r}")
     return seconds
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from ..bench.arrivals import parse_duration
+from ..bench.payloads import integer_refusal
 from ..children import die_with_parent
 from ..config import bind_address, check_device, host_port
 from ..errors import quoted_name
@@ -84,16 +85,17 @@ def add_demo_parser(sub) -> None:
 
 def run_demo(args) -> int:
     """The `wok demo` command; raises ValueError naming the option for a bad value (exit 2)."""
-    if not 1 <= args.instances <= 16:
-        raise ValueError(f"--instances: expected 1 to 16, got {args.instances}")
-    if not 1 <= args.max_batch_size <= 1024:
-        raise ValueError(f"--max-batch-size: expected 1 to 1024, got {args.max_batch_size}")
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port: expected 0 to 65535, got {args.port}")
+    for refusal in (
+        integer_refusal("--instances", args.instances, 1, most=16),
+        integer_refusal("--max-batch-size", args.max_batch_size, 1, most=1024),
+        integer_refusal("--port", args.port, 0, most=65535),
+    ):
+        if refusal is not None:
+            raise ValueError(refusal)
     if not 0 <= args.rate <= MAX_RATE:
-        raise ValueError(f"--rate: expected requests per second from 0 to {MAX_RATE:g}, got {args.rate:g}")
-    if args.torch_threads < 1:
-        raise ValueError(f"--torch-threads: expected 1 or more, got {args.torch_threads}")
+        raise ValueError(f"--rate: expected requests per second from 0 to {MAX_RATE:g}; got {args.rate:g}")
+    if (refusal := integer_refusal("--torch-threads", args.torch_threads, 1)) is not None:
+        raise ValueError(refusal)
     try:
         check_device(args.device)
     except ValueError as exc:
@@ -101,10 +103,10 @@ def run_demo(args) -> int:
     host = check_host(args.host)
     delay_s = duration("--max-queue-delay", args.max_queue_delay)
     if delay_s > MAX_QUEUE_DELAY_S:
-        raise ValueError(f"--max-queue-delay: expected at most {MAX_QUEUE_DELAY_S:g}s, got {args.max_queue_delay}")
+        raise ValueError(f"--max-queue-delay: expected at most {MAX_QUEUE_DELAY_S:g}s; got {args.max_queue_delay}")
     slo_s = duration("--slo", args.slo)
     if slo_s <= 0:
-        raise ValueError(f"--slo: expected a duration above 0, got {args.slo}")
+        raise ValueError(f"--slo: expected a duration above 0; got {args.slo}")
     # Here, not by the simulator's model: its message names α and β, not these options. A live
     # demo ignores both, so only their format is checked there.
     batch_time_s = duration("--alpha", args.alpha) + duration("--beta", args.beta)
@@ -129,7 +131,7 @@ def duration(option: str, text: str) -> float:
     except ValueError as exc:
         raise ValueError(f"{option}: {exc}") from None
     if not math.isfinite(seconds):
-        raise ValueError(f"{option}: expected a finite duration, got {text}")
+        raise ValueError(f"{option}: expected a finite duration; got {text}")
     return seconds
 
 
@@ -142,7 +144,7 @@ def check_host(host: str) -> str:
         return bind_address(host)
     except ValueError:
         raise ValueError(
-            f"--host: expected an address or a host name of this machine, got {quoted_name(host)}"
+            f"--host: expected an address or a host name of this machine; got {quoted_name(host)}"
         ) from None
 
 
@@ -178,13 +180,13 @@ class ServerExited(RuntimeError):
 def listen_error(exc: OSError | UnicodeError, host: str, port: int) -> ValueError:
     """The option to blame when the page cannot listen."""
     if isinstance(exc, UnicodeError):  # IDNA's: a label over 63 characters, or an empty one ("a..b")
-        return ValueError(f"--host: expected an address of this machine, got {quoted_name(host)} ({exc})")
+        return ValueError(f"--host: expected an address of this machine; got {quoted_name(host)} ({exc})")
     if isinstance(exc, socket.gaierror):
-        return ValueError(f"--host: expected an address of this machine, got {quoted_name(host)} ({exc.strerror})")
+        return ValueError(f"--host: expected an address of this machine; got {quoted_name(host)} ({exc.strerror})")
     # asyncio's message repeats the address; the errno's own text is the one line needed.
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno == errno.EADDRNOTAVAIL:
-        return ValueError(f"--host: expected an address of this machine, got {quoted_name(host)} ({reason})")
+        return ValueError(f"--host: expected an address of this machine; got {quoted_name(host)} ({reason})")
     return ValueError(f"--port: cannot listen on {host_port(host, port)}: {reason}")
 
 

@@ -475,6 +475,14 @@ def test_refine_points_are_evenly_spaced_strictly_inside():
     assert refine_points(100, 200, 0) == []
 
 
+@pytest.mark.parametrize(("n", "got"), [(-1, "-1"), (2.5, "2.5")])
+def test_refine_points_refuses_a_count_that_is_no_integer_from_0(n, got):
+    # It said "n must be >= 0, got -1", and took 2.5 to range()'s TypeError.
+    with pytest.raises(ValueError) as info:
+        refine_points(100, 200, n)
+    assert str(info.value) == f"n: expected an integer >= 0; got {got}"
+
+
 @pytest.mark.parametrize("threshold", [123.4, 301.0, 399.99, 100.01])
 def test_bisect_finds_the_threshold_within_the_tolerance_of_its_iterations(threshold):
     """p99 = 100 ms × qps / threshold: it meets a 100 ms SLO exactly up to `threshold` QPS."""

@@ -102,9 +102,9 @@ def test_worktree_against_head_gives_finite_figures_full_batches_and_each_revisi
         (["--rev", "no-such-rev"], "--rev: git does not know revision 'no-such-rev'"),
         (
             ["--rev", "HEAD;ls"],
-            "--rev: expected worktree or a git revision (letters, digits and _.~^/-), got 'HEAD;ls'",
+            "--rev: expected worktree or a git revision (letters, digits and _.~^/-); got 'HEAD;ls'",
         ),
-        (["--rev", "HEAD", "--rev", "HEAD"], "--rev: expected each revision once, got HEAD more than once"),
+        (["--rev", "HEAD", "--rev", "HEAD"], "--rev: expected each revision once; got HEAD more than once"),
         (["--cases", "fixed_1key,nosuch"], "--cases: expected some of fixed_1key"),
         (["--n", "0"], "--n: expected an integer >= 1; got 0"),
     ],

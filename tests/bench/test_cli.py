@@ -56,8 +56,11 @@ def test_mistaken_options_exit_2_naming_the_option(extra, message, capsys):
         (["--replica-host", "::1"], "--replica-host is for --replicas: without it no server is started"),
         (["--admin-url", "http://127.0.0.1:9"], "--admin-url is where --fault slow:/fail: go; no --fault"),
         (["--workers", "0"], "--workers: expected an integer >= 1; got 0"),
-        (["--stop-factor", "0"], "--stop-factor must be > 0 (inf: no stop by P99 or success rate); got 0"),
-        (["--stop-factor", "nan"], "--stop-factor must be > 0 (inf: no stop by P99 or success rate); got nan"),
+        (["--stop-factor", "0"], "--stop-factor: expected a number > 0 (inf: no stop by P99 or success rate); got 0"),
+        (
+            ["--stop-factor", "nan"],
+            "--stop-factor: expected a number > 0 (inf: no stop by P99 or success rate); got nan",
+        ),
         (["--hedge-after", "50ms"], "--hedge-after is the wok balancer's: it does nothing with --balancer grpc"),
         # Two replicas are two targets: the wok balancer unless told, which has no trailers to read.
         (["--replicas", "2", "--server-timing"], "not with --rpc stream or --balancer wok (the default for several"),
@@ -108,9 +111,12 @@ TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns
         (["--soak", "1e12", "--capacity", "10"], "--soak 1e12 at 80% of --capacity 10: at most 1e+08 arrivals"),
         (["--soak", "1000h", "--steps", "1000"], "--soak 1000h at 80% of the highest step (1000 QPS offered)"),
         # Soak durations did not name their option; an infinite one was taken.
-        (["--soak", "1e400", "--capacity", "10"], "--soak must be > 0 and finite; got '1e400'"),
+        (["--soak", "1e400", "--capacity", "10"], "--soak: expected a finite duration > 0; got '1e400'"),
         (["--soak", "1s", "--soak-window", "fast", "--capacity", "10"], "--soak-window: invalid duration 'fast'"),
-        (["--soak", "1s", "--rss-every", "1e400", "--capacity", "10"], "--rss-every must be > 0 and finite"),
+        (
+            ["--soak", "1s", "--rss-every", "1e400", "--capacity", "10"],
+            "--rss-every: expected a finite duration > 0; got '1e400'",
+        ),
         # One window shorter than asked: the report's P99 drift was `-` or 0, without a word.
         (["--soak", "2s", "--soak-window", "5s", "--capacity", "10"], "--soak-window 5s is longer than --soak 2s"),
         # A bare number is seconds: --slo-p99 50 was a 50 s objective that every step passed.

@@ -141,7 +141,7 @@ def test_a_negative_or_endless_host_probe_is_refused(value, capsys):
     with pytest.raises(SystemExit) as exc:
         compare.parse_args(["--servers", "bare", "--host-probe", value])
     assert exc.value.code == 2
-    assert f"--host-probe: expected seconds >= 0 (0: off), got {value}" in capsys.readouterr().err
+    assert f"--host-probe: expected seconds >= 0 (0: off); got {value}" in capsys.readouterr().err
 
 
 def test_a_probe_that_fails_is_recorded_and_keeps_the_run(tmp_path, monkeypatch):

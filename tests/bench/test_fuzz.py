@@ -212,6 +212,14 @@ def test_a_target_without_a_port_or_a_url_is_refused_before_fuzzing(target, mess
     assert capsys.readouterr().err == f"wok fuzz: {message}\n"
 
 
+@pytest.mark.parametrize("minutes", ["0", "-1", "nan"])
+def test_minutes_not_above_0_are_refused_before_fuzzing(minutes, monkeypatch, capsys):
+    """It said "--minutes must be > 0" without the value, and NaN passed: no round fuzzed, exit 0."""
+    monkeypatch.setattr(fuzz, "run", lambda *a, **k: pytest.fail("fuzzed before refusing"))
+    assert fuzz.main(["--minutes", minutes]) == 2
+    assert capsys.readouterr().err == f"wok fuzz: --minutes: expected a number > 0; got {float(minutes):g}\n"
+
+
 @pytest.mark.parametrize("target", ["127.0.0.1:8001", "[::1]:8001", "dns:///wok.example:8001"])
 def test_a_server_target_is_fuzzed_as_given(target, monkeypatch, capsys):
     seen = []

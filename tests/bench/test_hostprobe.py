@@ -45,11 +45,11 @@ def test_the_probe_sleeps_and_loads_no_other_core():
 @pytest.mark.parametrize(
     ("seconds", "gap", "message"),
     [
-        (0.0, 0.005, "host probe: seconds must be > 0 and finite, got 0.0"),
-        (math.nan, 0.005, "host probe: seconds must be > 0 and finite, got nan"),
-        (math.inf, 0.005, "host probe: seconds must be > 0 and finite, got inf"),
-        (1.0, 0.0, "host probe: gap_s must be > 0 and finite, got 0.0"),
-        (1.0, math.inf, "host probe: gap_s must be > 0 and finite, got inf"),
+        (0.0, 0.005, "host probe: seconds: expected a finite number > 0; got 0.0"),
+        (math.nan, 0.005, "host probe: seconds: expected a finite number > 0; got nan"),
+        (math.inf, 0.005, "host probe: seconds: expected a finite number > 0; got inf"),
+        (1.0, 0.0, "host probe: gap_s: expected a finite number > 0; got 0.0"),
+        (1.0, math.inf, "host probe: gap_s: expected a finite number > 0; got inf"),
     ],
 )
 def test_bad_arguments_are_refused_with_what_was_given(seconds, gap, message):

@@ -152,12 +152,15 @@ OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
             r"target utilization must be in \(0, 1\]; got 1\.5",
         ),
         (lambda **n: make(peak_qps=F(0), **n), "peak QPS must be > 0; got 0"),
-        (lambda **n: make(peak_qps=F(5000), redundancy=-1, **n), "redundancy k must be an integer >= 0; got -1"),
+        (lambda **n: make(peak_qps=F(5000), redundancy=-1, **n), "redundancy k: expected an integer >= 0; got -1"),
         (lambda **n: batch_given(F(0), F(16), **n), "T_batch must be > 0 s; got 0 s"),
         (lambda **n: batch_given(F(1, 50), F(0), **n), "the batch size n must be > 0; got 0"),
         (lambda **n: batch_from_alpha_beta(F(1, 1000), F(-1, 10000), F(16), **n), "β must be >= 0; got β=-0.0001 s"),
         (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(sustain_s=F(7200)), **n), "sustain must be"),
-        (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=0), **n), "max replicas must be"),
+        (
+            lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=0), **n),
+            "max replicas: expected an integer from 1 to",
+        ),
         (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=10), **n), "max replicas 10 is below"),
         (
             lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_in_below=F(8, 10)), **n),
@@ -1354,9 +1357,13 @@ def test_a_plan_holding_a_lone_surrogate_is_written_escaped_and_reads_back_equal
         (["--peak-qps", "0"], "--peak-qps: peak QPS must be > 0; got 0"),
         (["--peak-qps", "5000", "--t-batch", "0ms"], "--t-batch: T_batch must be > 0 s; got 0 s"),
         (["--peak-qps", "5000", "--batch-size", "0"], "--batch-size: the batch size n must be > 0; got 0"),
-        (["--peak-qps", "5000", "--redundancy", "-1"], "--redundancy: redundancy k must be an integer >= 0"),
+        (["--peak-qps", "5000", "--redundancy", "-1"], "--redundancy: redundancy k: expected an integer >= 0; got -1"),
         (["--peak-qps", "5000", "--sustain", "2h"], "--sustain: sustain must be whole seconds"),
-        (["--peak-qps", "5000", "--max-replicas", "0"], "--max-replicas: max replicas must be >= 1"),
+        (
+            ["--peak-qps", "5000", "--max-replicas", "0"],
+            "--max-replicas: max replicas: expected an integer from 1 to 2147483647 (the autoscalers' replica "
+            "counts are 32-bit integers); got 0",
+        ),
         (["--peak-qps", "5000", "--max-replicas", "3"], "--max-replicas: max replicas 3 is below"),
         (["--peak-qps", "5000", "--scale-out-above", "1.5"], "--scale-out-above: the scale-out threshold"),
         (["--peak-qps", "5000", "--scale-in-below", "0.8"], "--scale-in-below: the scale-in threshold must be > 0"),
@@ -1577,11 +1584,15 @@ def test_replica_counts_beyond_what_an_autoscaler_holds_are_refused(tmp_path, ca
     assert spec["maxReplicas"] == 2**31 - 1
     with pytest.raises(ValueError, match=r"^N \+ k = 3846153848 replicas is more than an autoscaler's minReplicas"):
         make(peak_qps=F(2 * 10**12))
-    with pytest.raises(ValueError, match=r"^max replicas must be at most 2147483647"):
+    with pytest.raises(
+        ValueError, match=r"^max replicas: expected an integer from 1 to 2147483647 \(.*\); got 2147483648$"
+    ):
         make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=2**31))
     argv = ["plan", "--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--max-replicas", "10000000000"]
     assert main([*argv, "--manifests", str(tmp_path / "k8s")]) == 2
-    assert capsys.readouterr().err.startswith("wok plan: --max-replicas: max replicas must be at most 2147483647")
+    assert capsys.readouterr().err.startswith(
+        "wok plan: --max-replicas: max replicas: expected an integer from 1 to 2147483647 ("
+    )
     assert not (tmp_path / "k8s").exists()
 
 

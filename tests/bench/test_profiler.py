@@ -946,7 +946,7 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
     ("argv", "message"),
     [
         (["profile", "mlp", "--batch-sizes", "16,64"], "exceed model 'mlp''s max_batch_size"),
-        (["profile", "mlp", "--batch-sizes", "1,2.5"], "whole numbers"),
+        (["profile", "mlp", "--batch-sizes", "1,2.5"], "--batch-sizes: expected whole numbers; got '1,2.5'"),
         (["profile", "mlp", "--batch-sizes", "0,4"], "--batch-sizes '0,4': each size must be > 0"),
         (["profile", "mlp", "--batch-sizes", "1,x"], "--batch-sizes '1,x': 'x' is not a number"),
         (["profile", "mlp", "--peak-flops", "lots"], "--peak-flops 'lots'"),
@@ -971,6 +971,20 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
 def test_cli_refuses_bad_options(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ([4, 4], "--batch-sizes: expected two or more different sizes (to fit α and β); got [4, 4]"),
+        # It said "--batch-sizes: sizes must be >= 1".
+        ([0, 2], "--batch-sizes: expected sizes >= 1; got [0, 2]"),
+    ],
+)
+def test_profile_config_refuses_batch_sizes_in_the_options_words(sizes, message):
+    with pytest.raises(ValueError) as info:
+        ProfileConfig(batch_sizes=sizes)
+    assert str(info.value) == message
 
 
 @pytest.mark.parametrize(

@@ -533,9 +533,9 @@ def test_soak_options_without_soak_are_refused(args, says, wok_cli):
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--soak", "0s", "--capacity", "10"], "must be > 0"),
+        (["--soak", "0s", "--capacity", "10"], "--soak: expected a finite duration > 0; got '0s'"),
         (["--soak", "1s", "--soak-load", "150%", "--capacity", "10"], "--soak-load"),
-        (["--soak", "1s", "--capacity", "0"], "--capacity must be > 0"),
+        (["--soak", "1s", "--capacity", "0"], "--capacity: expected a rate > 0; got 0"),
         (["--soak", "--fault", "kill:at=1s", "--replicas", "1"], "--soak runs without --fault"),
         (["--soak", "1s", "--capacity", "10", "--replicas", "0"], "--replicas: expected an integer >= 1; got 0"),
         (["--soak", "1s", "--capacity", "10", "--arrival", "sawtooth:low=5,high=15"], "does not follow the step's"),

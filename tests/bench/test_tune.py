@@ -630,10 +630,10 @@ def test_the_device_like_model_takes_alpha_plus_beta_n_through_the_executor():
     ("args", "message"),
     [
         (["--arrival", "bogus"], "--arrival: arrivals 'bogus': unknown process 'bogus'"),
-        (["--delays", "0ms,1e400ms"], "--delays: expected a finite duration, got '1e400ms'"),
-        (["--slo-p99", "1e400ms"], "--slo-p99: expected a finite duration, got '1e400ms'"),
-        (["--default", "32,1e400ms"], "--default: expected a finite duration, got '1e400ms'"),
-        (["--tuned", "4,1e400ms"], "--tuned: expected a finite duration, got '1e400ms'"),
+        (["--delays", "0ms,1e400ms"], "--delays: expected a finite duration; got '1e400ms'"),
+        (["--slo-p99", "1e400ms"], "--slo-p99: expected a finite duration; got '1e400ms'"),
+        (["--default", "32,1e400ms"], "--default: expected a finite duration; got '1e400ms'"),
+        (["--tuned", "4,1e400ms"], "--tuned: expected a finite duration; got '1e400ms'"),
         # Refused by the search's SearchConfig (on HEAD: by the simulator), after the profile and calibrations.
         (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
     ],

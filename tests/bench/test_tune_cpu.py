@@ -102,7 +102,8 @@ def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
     path.write_text(json.dumps(cpu_document(CpuStage(cpu_in_s=30 * US, cpu_out_s=90 * US, cores=2.0), "by hand")))
     stage = tune_cpu_stage(path, "0.24ms", 4.0)  # the file's split (1 : 3), the given total and cores
     assert (stage.cpu_in_s, stage.cpu_out_s, stage.cores) == pytest.approx((60 * US, 180 * US, 4.0))
-    with pytest.raises(ValueError, match="--cores"):
+    # It said "--cores -1.0: must be a finite number ≥ 0".
+    with pytest.raises(ValueError, match=r"^--cores: expected a finite number >= 0; got -1$"):
         tune_cpu_stage(None, None, -1.0)
 
 

@@ -105,7 +105,7 @@ def test_an_infinite_duration_exits_2_naming_the_option(option, value, wok_cli, 
 
     monkeypatch.setattr(DemoWeb, "start", no_page)
     status, _, err = wok_cli("demo", "--simulate", "--port", "0", option, value)
-    assert (status, err) == (2, f"wok demo: {option}: expected a finite duration, got {value}\n")
+    assert (status, err) == (2, f"wok demo: {option}: expected a finite duration; got {value}\n")
 
 
 @pytest.mark.parametrize(("alpha", "beta"), [("0ms", "0ms"), ("0", "0s")])
@@ -312,10 +312,10 @@ LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
         # Shown as repr does, whole: one_line cut the 100 KB message at 4,096 characters.
         ("--device", LONG, f"--device: expected {DEVICE_FORMS}, got {LONG_SHOWN}"),
         # IDNA's refusal, naming no option: "encoding with 'idna' codec failed (UnicodeError: label too long)".
-        ("--host", LONG, f"--host: expected an address or a host name of this machine, got {LONG_SHOWN}"),
-        ("--host", "a b", "--host: expected an address or a host name of this machine, got 'a b'"),
+        ("--host", LONG, f"--host: expected an address or a host name of this machine; got {LONG_SHOWN}"),
+        ("--host", "a b", "--host: expected an address or a host name of this machine; got 'a b'"),
         # asyncio took it for every address of the machine: the page at http://:PORT/, open to all.
-        ("--host", "", "--host: expected an address or a host name of this machine, got ''"),
+        ("--host", "", "--host: expected an address or a host name of this machine; got ''"),
     ],
     ids=["device", "host-long", "host-space", "host-empty"],
 )
@@ -337,7 +337,7 @@ def test_a_host_label_too_long_is_refused_naming_the_option(wok_cli, monkeypatch
     status, out, err = wok_cli("demo", "--simulate", "--port", "0", "--host", "h" * 70)
     assert (status, out) == (2, ""), err
     assert err == (
-        f"wok demo: --host: expected an address of this machine, got '{'h' * 70}' (encoding with 'idna' codec "
+        f"wok demo: --host: expected an address of this machine; got '{'h' * 70}' (encoding with 'idna' codec "
         "failed (UnicodeError: label too long))\n"
     )
 

@@ -304,19 +304,21 @@ def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--instances", "0"], "wok demo: --instances: expected 1 to 16, got 0"),
-        (["--rate", "-5"], "wok demo: --rate: expected requests per second from 0 to 5000, got -5"),
+        (["--instances", "0"], "wok demo: --instances: expected an integer from 1 to 16; got 0\n"),
+        (["--rate", "-5"], "wok demo: --rate: expected requests per second from 0 to 5000; got -5\n"),
         (["--max-queue-delay", "soon"], "wok demo: --max-queue-delay: invalid duration 'soon'"),
-        (["--max-queue-delay", "100s"], "wok demo: --max-queue-delay: expected at most 60s, got 100s\n"),
-        (["--slo", "0ms"], "wok demo: --slo: expected a duration above 0, got 0ms\n"),
-        (["--torch-threads", "0"], "wok demo: --torch-threads: expected 1 or more, got 0\n"),
+        (["--max-queue-delay", "100s"], "wok demo: --max-queue-delay: expected at most 60s; got 100s\n"),
+        (["--slo", "0ms"], "wok demo: --slo: expected a duration above 0; got 0ms\n"),
+        (["--torch-threads", "0"], "wok demo: --torch-threads: expected an integer >= 1; got 0\n"),
+        (["--max-batch-size", "1025"], "wok demo: --max-batch-size: expected an integer from 1 to 1024; got 1025\n"),
+        (["--port", "65536"], "wok demo: --port: expected an integer from 0 to 65535; got 65536\n"),
         (["--device", "bogus"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'bogus'\n"),
         # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.
         (["--device", "cuda:٣"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:٣'\n"),
         # Passed, as the server's config refused them not: torch refuses the first, reads the second as cuda:-128.
         (["--device", "cuda:01"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:01'\n"),
         (["--device", "cuda:128"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:128'\n"),
-        (["--host", "no-such-host.invalid"], "wok demo: --host: expected an address of this machine, got "),
+        (["--host", "no-such-host.invalid"], "wok demo: --host: expected an address of this machine; got "),
     ],
 )
 def test_bad_options_exit_2_naming_them(args, message, capsys):
