@@ -29,7 +29,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 # Files whose tests measure times or rates against bounds (latency agreement, throughput, CPU per
 # request, pacing, recovery times): marked `serial`, so that `bootstrap.py test` runs them alone,
-# after the rest of the suite on two workers, whose load would move what they measure.
+# after the rest of the suite on two workers, whose load would move what they measure. A file whose
+# other tests time nothing marks its timing tests alone (`@pytest.mark.serial`, its reasons in the file).
 SERIAL_FILES = frozenset(
     {
         # Its 0.2 s windows need calls in them: beside a second worker the harness's server, a 2 ms
@@ -40,14 +41,12 @@ SERIAL_FILES = frozenset(
         "bench/test_ceiling.py",
         "bench/test_chaos.py",
         "bench/test_cold_batch.py",
-        "bench/test_compare.py",
         "bench/test_latency_breakdown.py",
         "bench/test_queue_memory.py",
         "bench/test_ramp.py",
         "bench/test_refusal_cost.py",
         "bench/test_server_timing.py",
         "bench/test_soak.py",
-        "bench/test_stream_sender.py",
         "bench/test_stream_vs_unary.py",
         "clients/test_balancing.py",
         "demo/test_demo.py",
@@ -59,8 +58,7 @@ SERIAL_FILES = frozenset(
         "integration/test_replicas.py",
         "integration/test_server_timing.py",
         # Timers and flushes to the sub-millisecond (the delay flush's median lateness <= 0.5 ms
-        # read 1.8-5 ms beside a second worker on a slow host).
-        "server/test_batcher.py",
+        # read 1.8-5 ms beside a second worker on a slow host: server/test_batcher.py marks those tests alone).
         "server/test_cpulatency.py",
         "server/test_loopmon.py",
         "server/test_slo_policy.py",

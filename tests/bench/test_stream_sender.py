@@ -16,6 +16,11 @@ from wok.bench.workers import OK, Share, WorkerPool
 from wok.codec import encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 
+# ON_TIME: the tests marked `serial` (run alone, after the parallel pass: tests/conftest.py) judge the sender's
+# pace or the moment something happens against a bound (sends within 5 % of the schedule, lags under 0.1 s, 4 ms
+# deadlines, a kill or a drain that must come within a share's first half): a second worker's load moves those.
+# The others check codes, messages and which server answered, with deadlines of 5-30 s that no load reaches.
+
 
 def test_appended_fields_set_the_id_and_the_timeout_and_keep_the_request():
     req = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
@@ -40,6 +45,7 @@ def test_answers_give_their_request_index_and_status_number():
     assert stream_sender.parse_answer(bare.SerializeToString()) == (None, stream_sender.UNKNOWN)
 
 
+@pytest.mark.serial  # (see ON_TIME)
 def test_a_stream_ramp_delivers_every_request_on_schedule(server_process):
     cfg = RampConfig(
         target=server_process.target,
@@ -146,6 +152,7 @@ class _Recording:
         return open_stream
 
 
+@pytest.mark.serial  # (see ON_TIME)
 def test_stream_requests_carry_their_deadline_and_failures_keep_the_unary_code(server_process):
     """The server drops a stream request by the `timeout` parameter it carries (a 4 ms deadline
     expires in mlp's 5 ms delay window: without it, the server would answer OK), and the codes of
@@ -231,6 +238,7 @@ def test_stream_failures_keep_the_servers_message_per_code_as_unary_calls_do(ser
     assert "no-such-model" in stream.details[5], stream.details
 
 
+@pytest.mark.serial  # (see ON_TIME)
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="the kernel reports no run-queue time")
 def test_a_stream_share_records_the_hosts_share_of_each_sends_lag_and_not_the_senders_own_pause(server_process):
     """The stream sender's Outcome had no host share (host_lag None): a stream ramp on a starved host
@@ -377,6 +385,7 @@ def _until_one_answered(servers, within_s: float = 10.0) -> list[float]:
         time.sleep(0.05)
 
 
+@pytest.mark.serial  # (see ON_TIME)
 def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_still_up(own_servers):
     """Two servers behind one channel, one stream: the server holding the stream is killed. The
     requests in flight on it are lost; those sent after its failure go out on a new stream, which the
@@ -534,6 +543,7 @@ def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadl
     assert out.codes[-1] == OK  # the later requests went out on a new stream
 
 
+@pytest.mark.serial  # (see ON_TIME)
 def test_an_answer_after_the_timeout_is_deadline_exceeded_at_the_timeout_never_ok(own_servers):
     """A model that takes 1 s and a 0.3 s timeout: every request is DEADLINE_EXCEEDED with done =
     sent + 0.3 s, freed from the in-flight count then; the server's late answers (its own expiry,
@@ -573,6 +583,7 @@ def _refused_target() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.mark.serial  # (see ON_TIME)
 def test_a_stream_whose_writes_are_held_does_not_hold_the_schedule():
     """With gRPC's retries on streams (the clients' default channel), a stream to a server that
     refuses holds its first write through the retries' backoff. The send loop awaited that write,
@@ -598,6 +609,7 @@ def test_a_stream_whose_writes_are_held_does_not_hold_the_schedule():
     assert np.all(out.done - out.sent <= 0.2 + 1e-9), (out.done - out.sent).max()
 
 
+@pytest.mark.serial  # (see ON_TIME)
 def test_the_bench_opens_streams_without_grpcs_retries():
     """A worker's stream to a server that refuses fails at once (UNAVAILABLE, done right after sent),
     not after gRPC's retries of the stream (their backoff, about 0.7 s measured, with the writes held)."""
@@ -624,6 +636,7 @@ def _inflight_batches(server) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("wok_inflight_batches{"))
 
 
+@pytest.mark.serial  # (see ON_TIME)
 def test_a_draining_servers_streams_get_no_new_requests(own_servers):
     """Two servers, a stream on each: one is sent SIGTERM with a slow batch in flight, so its drain
     lasts a second, and all that while it refuses (UNAVAILABLE) each new request on its open stream.

@@ -24,6 +24,14 @@ from wok.stats import ModelStats
 
 from .conftest import saying
 
+# The tests marked `serial` run alone, after the parallel pass (tests/conftest.py), where a second worker's load
+# cannot stretch the times they hold the batcher to:
+# FLUSH_TIMING: the delay flush's lateness to the sub-millisecond (its median read 1.8-5 ms beside a second worker
+# on a slow host), and a prewarm timer that must fire before the flush 1 ms after it, within a 20 ms window.
+# DEADLINE_AHEAD: a deadline 10-200 ms ahead that must not pass before the test has submitted its request and the
+# batcher has formed its batch (else the request is refused at arrival, or the batch never forms and the test
+# hangs). The others gate the model on events, and bound no time that load can stretch (a lower bound at most).
+
 
 def make_batcher(servable, executor) -> Batcher:
     cfg = servable.config
@@ -147,6 +155,7 @@ async def test_a_full_queue_rejects_at_once(gated):
     await finish(b)
 
 
+@pytest.mark.serial  # (see DEADLINE_AHEAD)
 async def test_an_expired_request_is_dropped_before_it_runs(gated):
     s, m, ex = gated(max_batch_size=8, delay_ms=0, depth=1)
     b = make_batcher(s, ex)
@@ -218,6 +227,7 @@ async def test_a_request_its_batch_fails_on_alone_gets_the_error_and_the_others_
     await next_batch_runs_and_finish(b)
 
 
+@pytest.mark.serial  # (see DEADLINE_AHEAD)
 async def test_a_failed_batch_rerun_without_the_requests_its_worker_left_out_answers_each_of_the_rest(gated):
     """A batch held behind a busy instance loses two requests before its worker starts it (a deadline
     passed, a caller gone): the worker runs the other two, the model fails them together, and the
@@ -248,6 +258,7 @@ async def test_a_failed_batch_rerun_without_the_requests_its_worker_left_out_ans
     await next_batch_runs_and_finish(b)
 
 
+@pytest.mark.serial  # (see DEADLINE_AHEAD)
 async def test_a_request_its_worker_left_out_of_a_batch_that_failed_gets_its_deadline_not_the_batchs_error(gated):
     """The loop is too busy to answer a held request whose deadline passes (a slow check, say): the
     worker leaves it out as it starts the batch, the one request left fails in the model, and the
@@ -775,6 +786,7 @@ async def test_with_every_instance_busy_partial_batches_wait_and_grow(gated):
     await finish(b)
 
 
+@pytest.mark.serial  # (see DEADLINE_AHEAD)
 async def test_a_deadline_passing_while_a_full_batch_waits_in_the_spare_slot_fails_only_that_request(gated):
     s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
     b = make_batcher(s, ex)
@@ -802,6 +814,7 @@ JUDGED_FLUSHES = 15  # the lateness median is taken over this many flushes that 
 MAX_FLUSHES = 300  # a bound on the flushes sent to find them, should the host never leave the loop a CPU
 
 
+@pytest.mark.serial  # (see FLUSH_TIMING)
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_early_or_late(gated, run_on, loop):
     """max_queue_delay is a maximum: the flush timer is armed at head arrival + delay, not rounded
@@ -862,6 +875,7 @@ def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_ear
     assert statistics.median(judged) <= FLUSH_LATE_MEDIAN_S, [f"{1e3 * x:.3f}" for x in judged]
 
 
+@pytest.mark.serial  # (see FLUSH_TIMING)
 async def test_a_delay_flush_to_an_idle_instance_is_prewarmed_once_and_a_size_flush_is_not(gated):
     from torch import nn
 
