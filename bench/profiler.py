@@ -42,9 +42,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from wok import tables
+from wok.codec import check_values
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import onednn_counts
-from wok.errors import ModelExecutionError, message_of, script_error
+from wok.errors import InvalidInput, ModelExecutionError, WokError, message_of, script_error
 from wok.executor import Executor, failure_line, resolve_devices
 from wok.servable import HostBuffers, Servable
 
@@ -686,14 +687,15 @@ def _inputs_refused(
     servable: Servable,
     cfg: ProfileConfig,
     drawn_below: tuple[int, Mapping[str, int], Mapping[str, int]],
-    exc: ModelExecutionError,
+    exc: WokError,
 ) -> str:
-    """The refusal of a profile whose model failed the inputs made for it (ids past a table, a sequence longer than
-    it takes): the options that made them are the error, not a traceback. `drawn_below`: the bound of the integer
-    inputs, those by input (`_int_highs`) and the datatypes' caps (`_type_capped`). A cap is said (an INT8 input
-    drew below 128, whatever --int-high said), and so are the inputs drawn below the bound of those with none of
-    their own, by name: the model's smallest table keeps the ids that reach a table unchanged within it, not ids
-    the model changes first (`a(ids) + b(ids * 2)`), which only a lower --int-high draws lower."""
+    """The refusal of a profile whose inputs, made for it, the model failed or the server would refuse (ids past a
+    table, a sequence longer than it takes): the options that made them are the error, not a traceback.
+    `drawn_below`: the bound of the integer inputs, those by input (`_int_highs`) and the datatypes' caps
+    (`_type_capped`). A cap is said (an INT8 input drew below 128, whatever --int-high said), and so are the inputs
+    drawn below the bound of those with none of their own, by name: the model's smallest table keeps the ids that
+    reach a table unchanged within it, not ids the model changes first (`a(ids) + b(ids * 2)`), which only a lower
+    --int-high draws lower."""
     high, by_input, capped = drawn_below
     bounds = {**by_input, **capped}
     own = "".join(
@@ -722,6 +724,23 @@ def _inputs_refused(
     return f"the inputs made with --sizes {cfg.sizes}{drawn}{own}: {exc}"
 
 
+def _served(servable: Servable, exc: WokError, where: str) -> WokError:
+    """`exc`, what the server answers a request with (`where`: before it is batched, or as its batch is assembled),
+    as the profile refuses the inputs for it: with the model named, which a model's own check or assemble need not
+    name, and the status the request would get (its `code`)."""
+    return type(exc)(f"served, model '{servable.name}' answers such a request {exc.code.name} {where}: {exc}")
+
+
+def _check_as_served(servable: Servable, requests: Sequence[dict[str, np.ndarray]]) -> None:
+    """The server's checks of each request (`codec.check_values`: sizes, ids, the model's own check), which refuse
+    a request before it joins a batch: a profile of requests the server refuses times batches it never runs."""
+    for request in requests:
+        try:
+            check_values(servable, request)
+        except (InvalidInput, ModelExecutionError) as exc:  # refused, or the model's check failed (INTERNAL)
+            raise _served(servable, exc, "before it is batched") from None
+
+
 def _median(values: Sequence[float]) -> float:
     return latency_summary(np.asarray(values))["p50"]
 
@@ -746,6 +765,12 @@ def profile(
         raise ValueError(f"--device: {exc}") from None
     sizes = list(dict.fromkeys(cfg.batch_sizes))
     pool = keyed_pool(servable, cfg, max(256, 4 * max(sizes)), max(sizes))
+    high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
+    capped = _type_capped(servable, high, by_input)
+    try:
+        _check_as_served(servable, pool.requests)
+    except WokError as exc:
+        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
     never = [n for n in sizes if not pool.allowed(n)]
     if never:
         raise ValueError(
@@ -755,11 +780,12 @@ def profile(
             "would hardly ever form; give smaller --batch-sizes, or --sizes with fewer distinct sizes"
         )
     roof = roofline_of(device)
-    high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
-    capped = _type_capped(servable, high, by_input)
     try:
         times = time_batches(servable, device, cfg, pool, progress)
     except ModelExecutionError as exc:
+        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
+    except InvalidInput as exc:  # the model's own assemble refused a request: the executor answers it so
+        exc = _served(servable, exc, "as its batch is assembled")
         raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
@@ -780,6 +806,9 @@ def profile(
             else:  # requests the timing may not have run
                 work = count_work(servable, device, pool.requests[:n])
         except ModelExecutionError as exc:
+            raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
+        except InvalidInput as exc:  # requests the timing did not run (`pool.requests[:n]`), refused as above
+            exc = _served(servable, exc, "as its batch is assembled")
             raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
         uncounted |= work.uncounted_ops
         added |= set(work.flops_added)

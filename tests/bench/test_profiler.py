@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from wok.bench.profiler import (
 from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, parse_rate, roofline_for
 from wok.config import DEVICE_FORMS, model_config_from_dict
 from wok.cpulinear import onednn_available
+from wok.errors import InvalidInput
 from wok.models import build_demo
 from wok.models.encoder import length_bucket
 from wok.repository import load_servable
@@ -990,21 +992,102 @@ def test_profile_config_refuses_batch_sizes_in_the_options_words(sizes, message)
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["recsys", "--int-high", "2000000"], "--int-high 2000000: model 'recsys' failed: RuntimeError: Index"),
+        (
+            ["recsys", "--int-high", "2000000"],
+            "--int-high 2000000: served, model 'recsys' answers such a request INVALID_ARGUMENT before it is batched: "
+            "input 'ids': ids must be in [0, 200000); got values from ",
+        ),
         (
             ["encoder", "--sizes", "fixed:300"],
             "--sizes fixed:300 and input 'tokens' below 256 (it has no id bound of its own: the rows of the model's "
             "smallest embedding table; where the model changes ids before a lookup, --int-high below 256 draws them "
-            "lower): model 'encoder' failed",
+            "lower): served, model 'encoder' answers such a request INVALID_ARGUMENT before it is batched: input "
+            "'tokens': sequence length must be at most 256; got 300",
         ),
     ],
 )
 def test_inputs_the_model_refuses_are_the_options_error(argv, message, capsys):
     """Ids past recsys's 200,000-row table, or 300 tokens for encoder's 256 positions: the model
-    failed in the executor and `wok profile` ended in a traceback (exit 1)."""
+    failed in the executor and `wok profile` ended in a traceback (exit 1); then the profile said the model's
+    failure (`model 'recsys' failed: RuntimeError: Index ...`), where the server refuses such a request before
+    it is batched, by the model's own check, in the words the refusal now gives."""
     fast = ["--batch-sizes", "1,2", "--warmup", "0", "--repeats", "1", "--peak-flops", "1T", "--bandwidth", "1T"]
     assert main(["profile", *argv, *fast]) == 2
     assert message in capsys.readouterr().err
+
+
+class RefusesLong(PaddedLinear):
+    """PaddedLinear whose own assemble refuses a batch holding a sequence of more than 8 values, as a servable's
+    assemble may refuse a request's values: the executor answers that request INVALID_ARGUMENT, as raised."""
+
+    def assemble(self, requests, rows, buffers):
+        longest = max(r["x"].shape[1] for r in requests)
+        if longest > 8:
+            raise InvalidInput(f"input 'x': expected sequences of at most 8 values; got {longest}")
+        return super().assemble(requests, rows, buffers)
+
+
+@pytest.mark.parametrize(("sizes", "got"), [("fixed:16", "16"), ("uniform:4:12", "(9|10|11|12)")])
+def test_requests_the_models_assemble_refuses_are_the_options_error(sizes, got):
+    """`profile` caught the model's failures only: an InvalidInput of its assemble, raised by the timing (a batch
+    of 1 at once, a larger one as its failure after the reruns), left `wok profile` in a traceback, exit 1."""
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=8, sizes=sizes)
+    with pytest.raises(ValueError) as refused:
+        profiler.profile(RefusesLong(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    said = (
+        f"the inputs made with --sizes {sizes}: served, model 'padded' answers such a request INVALID_ARGUMENT as its "
+        f"batch is assembled: input 'x': expected sequences of at most 8 values; got {got}"
+    )
+    assert re.fullmatch(re.escape(said).replace(re.escape(got), got), str(refused.value)), str(refused.value)
+
+
+CHECKED_DOUBLE = (
+    VARIABLE_DOUBLE
+    + """
+
+def check(inputs):
+    length = inputs["INPUT0"].shape[1]
+    if length > 8:
+        raise ValueError(f"input 'INPUT0': expected at most 8 values; got {length}")
+
+
+def broken(inputs):
+    return inputs["INPUT1"]
+"""
+)
+
+
+def test_requests_the_server_refuses_are_refused_not_timed(tmp_path, capsys):
+    """A model's check refuses a request before it is batched (INVALID_ARGUMENT), but the model itself runs it:
+    `wok profile` timed and fitted batches of such requests, which the server never runs (exit 0)."""
+    repo = tmp_path / "repo"
+    folder = write_python_model(repo / "checked", CHECKED_DOUBLE, 4, dims=-1)
+    config = folder / "config.toml"
+    config.write_text(
+        config.read_text().replace('factory = "model:build"', 'factory = "model:build"\ncheck = "model:check"')
+    )
+    fast = ["--batch-sizes", "1,2", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    argv = ["profile", "checked", "--model-repository", str(repo), *fast]
+    assert main([*argv, "--sizes", "uniform:4:12"]) == 2
+    err = capsys.readouterr().err
+    said = (
+        "wok profile: the inputs made with --sizes uniform:4:12: served, model 'checked' answers such a request "
+        "INVALID_ARGUMENT before it is batched: model 'checked' refused the request: input 'INPUT0': expected at most "
+        "8 values; got "
+    )
+    assert said in err and "Traceback" not in err, err
+    # Requests it takes are profiled as before.
+    assert main([*argv, "--sizes", "uniform:4:8"]) == 0
+    capsys.readouterr()
+    # A check that fails is the server's INTERNAL answer, said as such.
+    config.write_text(config.read_text().replace('check = "model:check"', 'check = "model:broken"'))
+    assert main([*argv, "--sizes", "uniform:4:8"]) == 2
+    err = capsys.readouterr().err
+    said = (
+        "wok profile: the inputs made with --sizes uniform:4:8: served, model 'checked' answers such a request "
+        "INTERNAL before it is batched: model 'checked': its check (model:broken) failed: KeyError: 'INPUT1'\n"
+    )
+    assert err.endswith(said), err
 
 
 def test_the_table_shows_sub_ms_times_and_small_percentages_with_significant_digits():
@@ -1268,12 +1351,17 @@ def _refused(folder: Path, capsys, *options: str) -> str:
 
 def test_inputs_refused_past_a_table_say_where_a_datatype_capped_them(tmp_path, capsys):
     """--int-high 1000 on an INT8 input drew its ids below 128, the type's cap, and ids from 100 on were refused:
-    the message said `--int-high 1000` alone, a bound no id came near."""
+    the message said `--int-high 1000` alone, a bound no id came near. Refused by the server's id check, before the
+    request is batched, as the server refuses them (the profile said the model's failure of the batch it ran)."""
     folder = tmp_path / "repo" / "short"
     # A lookup in 100 rows: the INT8 input's ids up to 127 pass it.
     _save_model(folder, _WidenedIds(100), "torchscript", None, ("ids", "INT8", [3]), ("out", "FP32", [4]))
     err = _refused(folder, capsys, "--int-high", "1000")
-    said = "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): model 'short' failed"
+    said = (
+        "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): served, model 'short' answers such "
+        "a request INVALID_ARGUMENT before it is batched: input 'ids': expected ids in [0, 100) (the rows of the "
+        "embedding table model 'short' looks them up in), got values from "
+    )
     assert said in err, err
 
 
@@ -1397,6 +1485,32 @@ def test_counting_tells_the_models_own_error_not_an_op_error_it_caught(tmp_path,
     with pytest.raises(ModelExecutionError) as refused:
         profiler.count_work(servable, CPU, [{"INPUT0": np.zeros((1, 4), np.float32)}])
     assert str(refused.value) == "model 'caught' failed: ValueError: the model's own refusal"
+
+
+class _Summed(torch.nn.Module):
+    def forward(self, x):
+        return x.sum(1, keepdim=True)
+
+
+def test_sizes_a_program_was_not_exported_for_are_refused_as_the_server_refuses_them(tmp_path, capsys):
+    """A torch.export program for sequences of 2 to 8 values: the server refuses a request of 16 before it is
+    batched (the dim's range, Servable.dim_ranges); the profile said the program's own failure of the batch."""
+    folder = tmp_path / "repo" / "ranged"
+    folder.mkdir(parents=True)
+    dims = ({0: torch.export.Dim("batch", min=1, max=4), 1: torch.export.Dim("length", min=2, max=8)},)
+    program = torch.export.export(_Summed(), (torch.ones(2, 4),), dynamic_shapes=dims)
+    torch.export.save(program, str(folder / "model.pt2"))
+    (folder / "config.toml").write_text(
+        'platform = "torch_export"\nmodel_file = "model.pt2"\nmax_batch_size = 4\n\n[[inputs]]\nname = "x"\n'
+        'datatype = "FP32"\ndims = [-1]\n\n[[outputs]]\nname = "y"\ndatatype = "FP32"\ndims = [1]\n'
+    )
+    err = _refused(folder, capsys, "--sizes", "fixed:16")
+    said = (
+        "wok profile: the inputs made with --sizes fixed:16: served, model 'ranged' answers such a request "
+        "INVALID_ARGUMENT before it is batched: input 'x': expected dim 1 of "
+    )
+    assert said in err and "(the sizes model 'ranged' was exported for), got 16 in shape [1, 16]" in err, err
+    assert _profiled(folder, "--sizes", "fixed:8")["batches"][1]["batch_size"] == 4
 
 
 class _WideAndNarrow(torch.nn.Module):
