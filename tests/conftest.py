@@ -121,6 +121,19 @@ def pytest_report_to_serializable(config: pytest.Config, report) -> dict:
     return _utf8_safe((yield))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_warning_recorded(warning_message) -> None:
+    """As for reports, for a warning: a worker sends it apart from them (xdist's `warning_recorded`,
+    its text as `str(message)`), and one naming undecodable bytes crashed the worker all the same.
+    Its text goes escaped, its category kept; in a run without workers it is printed as it was."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    text = str(warning_message.message)
+    safe = _utf8_safe(text)
+    if safe is not text:
+        warning_message.message = safe
+
+
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 # Small demo sizes keep start-up fast; the defaults are what `wok serve` uses.
 SMALL_DEMO = ["--demo-option", "recsys.num_embeddings=20000"]

@@ -12,13 +12,15 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def test_a_report_holding_a_lone_surrogate_reaches_the_controller_escaped_under_two_workers(tmp_path):
-    # Undecodable bytes of a file name (os.fsdecode) logged by a server, and in a failure's message:
-    # execnet refused to carry either from a worker, whose crash was an INTERNALERROR ending the run.
+def test_a_report_or_warning_holding_a_lone_surrogate_reaches_the_controller_escaped_under_two_workers(tmp_path):
+    # Undecodable bytes of a file name (os.fsdecode) logged by a server, in a failure's message, or in a
+    # warning's: execnet refused to carry any of them from a worker, whose crash was an INTERNALERROR
+    # ending the run.
     (tmp_path / "test_odd.py").write_text(
         textwrap.dedent(
             """
             import logging
+            import warnings
 
             def test_logs_it():
                 logging.getLogger("wok").error("cannot open 'caf\\udce9.bin'")
@@ -26,6 +28,9 @@ def test_a_report_holding_a_lone_surrogate_reaches_the_controller_escaped_under_
             def test_fails_naming_it():
                 logging.getLogger("wok").error("cannot open 'caf\\udce9.bin'")
                 raise ValueError("cannot open 'caf\\udce9.bin'")
+
+            def test_warns_naming_it():
+                warnings.warn("cannot open 'caf\\udce9.bin'")
             """
         ),
         encoding="utf-8",
@@ -45,8 +50,10 @@ def test_a_report_holding_a_lone_surrogate_reaches_the_controller_escaped_under_
     )
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "INTERNALERROR" not in out, out
-    assert "1 failed, 1 passed" in out, out
+    assert "1 failed, 2 passed, 1 warning" in out, out
     assert "ValueError: cannot open 'caf\\udce9.bin'" in out, out
     # Each test's captured log, escaped: -rA shows the passed test's too.
-    for line in (5, 8):
+    for line in (6, 9):
         assert out.count(f"ERROR    wok:test_odd.py:{line} cannot open 'caf\\udce9.bin'") == 1, out
+    # The warning's text, escaped, its category kept (the summary's line; its source line below it is the file's).
+    assert out.count("UserWarning: cannot open 'caf\\udce9.bin'") == 1, out
