@@ -170,6 +170,11 @@ def _keeps_values(have: torch.dtype, want: torch.dtype | None) -> bool:
     return torch.iinfo(want).min <= torch.iinfo(have).min and torch.iinfo(have).max <= torch.iinfo(want).max
 
 
+def _short(dtype: torch.dtype) -> str:
+    """A dtype's name as a model writes it, less `torch.`: int8."""
+    return str(dtype).removeprefix("torch.")
+
+
 def _most(dtype: torch.dtype) -> int:
     """The largest value of an integer dtype; -1 for any other, which holds no id."""
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
@@ -228,11 +233,13 @@ def _is_in_place(op: str) -> bool:
 
 class _Walk:
     """The values of one graph that hold an input's ids (`ids`: value → (input, dtype, the op that passed on only
-    some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: the op that
-    changed it}), the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those
-    in [0, n) whatever the ids (`within`: value → n, made by an integer `% n`), the value whose memory each value made
-    by a view, a cast or a copy may share (`base`: an in-place change of one changes the others), what reached a
-    table, and the inputs whose bound is not known (`unbounded`: input → why, module docstring)."""
+    some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: how, the
+    words after "it reaches a table through": the step that left what is followed, the ids, a mask or a `% n` of
+    them}),
+    the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those in [0, n)
+    whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the value whose memory each
+    value made by a view, a cast or a copy may share (`base`: an in-place change of one changes the others), what
+    reached a table, and the inputs whose bound is not known (`unbounded`: input → why, module docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
@@ -275,7 +282,10 @@ class _Walk:
                 touched.add(name)
                 self.changed.setdefault(name, f"{via} changes its ids in place, which wok does not follow")
         for v in [v for v in self.within if touched & set(self.inputs_of(v))]:
-            del self.within[v]
+            _, op = self.within.pop(v)
+            # The in-place op, not the `%` before it, is the step not followed (`y = ids % 200; y.view(-1).add_(1)`).
+            then = f"{op}, then {via} in place, which wok does not follow"
+            self.mixed[v] = {name: then if name in touched else how for name, how in self.inputs_of(v).items()}
 
     def inputs_of(self, value) -> dict[str, str]:
         """The inputs `value` is derived from, each with how ('' where it holds the ids, all or some)."""
@@ -304,15 +314,19 @@ class _Walk:
 
     def derive(self, outs, ins, via: str, restate: bool = False, reads: bool | None = None) -> None:
         """`outs`, made by op `via` from `ins`: derived from each input any of `ins` is, not as ids (`restate`:
-        said to be through `via`, not what made `ins`). `reads`: whether `via` may read `ins`' values as positions
+        said to be through `via`, not what made `ins`; so too from the ids, a mask or a `% n` of them, which are
+        followed: `via` is the first step that is not). `reads`: whether `via` may read `ins`' values as positions
         where wok does not follow them, which leaves their inputs without a bound; None: unless it is in
         `_NO_LOOKUP`."""
         if _bare(via) in _SHAPES:
             return
         merged: dict[str, str] = {}
+        unfollowed = f"{via}, which wok does not follow"
         for v in ins:
             for name, how in self.inputs_of(v).items():
-                merged.setdefault(name, via if restate else how or via)
+                merged.setdefault(
+                    name, unfollowed if restate or v in self.within or v in self.masks else how or unfollowed
+                )
         if merged:
             for o in outs:
                 self.mixed[o] = merged
@@ -322,18 +336,30 @@ class _Walk:
                 for name in merged:
                     self.unbounded.setdefault(name, f"its ids reach {via}, which wok does not follow")
 
-    def remainder(self, out, divisor, dtype: torch.dtype | None) -> None:
-        """`out` is a value of `dtype` (None: not known to be an integer one) `% divisor`: in [0, divisor) whatever
-        the ids, for a positive whole divisor (torch's remainder takes the divisor's sign) that the dtype holds. Not
-        for a float: `(ids.half() % 1000).long()` is garbage from id 65,520 (inf), and a float's remainder may round
-        up to the divisor; nor past the dtype, which wraps the divisor: an int8's `% 200` is `% -56`, in (-56, 0]."""
-        if (
-            dtype is not None
-            and isinstance(divisor, int)
-            and not isinstance(divisor, bool)
-            and 0 < divisor <= _most(dtype)
-        ):
-            self.within[out] = divisor
+    def remainder(self, out, divisor, dtype: torch.dtype | None, via: str) -> None:
+        """`out` is a value of `dtype` (None: not known) `% divisor` by op `via`: in [0, divisor) whatever the ids,
+        for a positive whole divisor (torch's remainder takes the divisor's sign) that the dtype holds. Not for a
+        float: `(ids.half() % 1000).long()` is garbage from id 65,520 (inf), and a float's remainder may round up to
+        the divisor; nor past the dtype, which wraps the divisor: an int8's `% 200` is `% -56`, in (-56, 0]. Where
+        it is not within, `out`'s inputs are said to reach a table through it, and why."""
+        whole = isinstance(divisor, int) and not isinstance(divisor, bool)
+        if dtype is not None and whole and 0 < divisor <= _most(dtype):
+            self.within[out] = (divisor, via)
+            return
+        if out not in self.mixed:
+            return
+        if isinstance(divisor, (bool, int, float)):
+            if not whole or divisor <= 0:
+                how = f"{via} by {divisor!r}, not a positive whole number"
+            elif dtype is None:
+                how = f"{via} of values not known to be integers"
+            elif _most(dtype) < 0:
+                how = f"{via} of {_short(dtype)} values, not integers"
+            else:
+                how = f"{via} by {divisor}, past what {_short(dtype)} holds ({_most(dtype)})"
+        else:
+            how = f"{via} by a divisor not known at load"
+        self.mixed[out] = dict.fromkeys(self.mixed[out], how)
 
     def positions(self, outs, index, via: str) -> None:
         """`outs`, rows of a tensor wok does not size (a computed one, or along another dim) taken by op `via` at the
@@ -344,16 +370,19 @@ class _Walk:
                 self.derive([], [v], via, reads=True)
 
     def keep(self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False) -> None:
-        """`out` holds `src`'s values (`part`: some of them): ids stay ids, where a cast to `want` loses none."""
+        """`out` holds `src`'s values (`part`: some of them): ids stay ids, where a cast to `want` loses none; a mask
+        stays a mask but cast (`mask.long()` holds rows 0 and 1)."""
         self.base[out] = self.base.get(src, src)
+        if src in self.masks and want in (None, torch.bool):
+            self.masks.add(out)
         if src in self.ids and _keeps_values(self.ids[src][1], want):
             name, have, taken = self.ids[src]
             self.ids[out] = (name, want or have, taken or (via if part else ""))
         else:
             self.derive([out], [src], via, reads=False)
-            n = self.within.get(src)
+            n, op = self.within.get(src, (None, ""))
             if n is not None and (want is None or n - 1 <= _most(want)):
-                self.within[out] = n
+                self.within[out] = (n, op)
             dtype = self.integer_of(src) if want is None else want
             if dtype is not None and _most(dtype) >= 0:
                 self.integer[out] = dtype
@@ -382,10 +411,21 @@ class _Walk:
         for name, how in self.inputs_of(index).items():
             taken = self.ids[index][2] if index in self.ids else ""
             if how:
-                why = f"it reaches {what} through {how}, which wok does not follow"
+                n, op = self.within.get(index, (None, ""))
+                if n is None:
+                    why = f"it reaches {what} through {how}"
+                elif rows is None:
+                    why = f"it reaches {what} through {op} by {n}, whose table's rows cannot be read"
+                elif n <= rows:  # `ids % n` stays within n rows: followed, and no id fails there
+                    self.found.unclear.setdefault(
+                        name, f"it reaches {what} through {op} by {n}, within its {rows} rows"
+                    )
+                    continue
+                else:
+                    past = f"whose results from {rows} to {n - 1} are past its {rows} rows"
+                    why = f"it reaches {what} through {op} by {n}, {past}"
                 self.found.unclear.setdefault(name, why)
-                if rows is None or self.within.get(index, rows + 1) > rows:  # `ids % n` stays within n rows
-                    self.unbounded.setdefault(name, why)
+                self.unbounded.setdefault(name, why)
                 continue
             if rows is None:
                 why = f"it reaches {what}, whose table's rows cannot be read"
@@ -486,7 +526,7 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             walk.derive([node], ins, op)
             if op == "aten::remainder" and len(node.args) == 2:
                 # The trace's dtypes are the graph's own: a float's `% n` is not within n (`_Walk.remainder`).
-                walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]))
+                walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]), op)
             if _is_in_place(op) and node.args:  # kept in place by torch.export on a view (`ids.view(-1).sub_(1)`)
                 walk.in_place(node.args[0], op)
 
@@ -653,7 +693,7 @@ class _Script:
                 if outs:
                     walk.integer_op(outs[0], kind, [self.integer_arg(v) for v in ins])
                 if kind == "aten::remainder" and len(ins) == 2:
-                    walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]))
+                    walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]), kind)
                 if kind.endswith("_") and not kind.endswith("__") and ins:
                     walk.in_place(ins[0], kind)
 
@@ -872,7 +912,7 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         if known:
             walk.integer_op(node, name or shown, [_fx_integer(walk, a) for a in (*args, *node.kwargs.values())])
         if (target is operator.mod or name == "remainder") and len(args) == 2:
-            walk.remainder(node, args[1], walk.integer_of(args[0]))
+            walk.remainder(node, args[1], walk.integer_of(args[0]), name or shown)
         in_place = name is not None and name.endswith("_") and not name.endswith("__")
         if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
             walk.in_place(args[0], shown)
@@ -1014,11 +1054,16 @@ def _fx_tensor(traced: torch.fx.GraphModule, node) -> torch.Tensor | None:
 
 
 def _fx_dtype(node, fixed: torch.dtype | None) -> torch.dtype | None:
-    """The dtype an fx cast method casts to (`fixed` for long/int), None for a move, float32 where not read."""
+    """The dtype an fx cast method casts to (`fixed` for long/int), None for a move (to a device, or another
+    tensor's device: `x.to(ids.device)`), float32 where not read."""
     if fixed is not None:
         return fixed
     given = [a for a in (*node.args[1:], *node.kwargs.values()) if isinstance(a, torch.dtype)]
-    others = [a for a in (*node.args[1:], *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
+    others = [
+        a
+        for a in (*node.args[1:], *node.kwargs.values())
+        if isinstance(a, torch.fx.Node) and not (a.target is getattr and a.args[1:] == ("device",))
+    ]
     if others:
         return torch.float32  # another tensor's dtype, or one computed
     return given[0] if given else None

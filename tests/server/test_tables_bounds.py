@@ -457,3 +457,133 @@ def test_ids_viewed_as_another_dtype_are_not_the_ids():
         for model in (module, torch.export.export(module, example)):
             found = id_ranges(model, ["ids"], {"ids": torch.int64})
             assert (found.bounds, found.rows) == ({}, {"ids": 300}), (cls.__name__, type(model).__name__)
+
+
+class RemainderAddedTo(NarrowRemainder):
+    """`% 200` is followed; the `+= 150` after it is not (ids from 50 on pass b's 200 rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Embedding(200, 2)
+
+    def forward(self, ids):
+        y = ids % 200
+        y += 150
+        return self.a(ids) + self.b(y)
+
+
+class RemainderPastRows(NarrowRemainder):
+    """`% 200` into b of 150 rows: followed, but 200 is more than the rows (ids from 150 on fail)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(300, 2)
+        self.b = nn.Embedding(150, 2)
+
+    def forward(self, ids):
+        return self.a(ids) + self.b(ids % 200)
+
+
+class RemainderWithinRows(nn.Module):
+    """`(ids * 3) % 100` into 150 rows alone: every id is served, none checked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Embedding(150, 2)
+
+    def forward(self, ids):
+        return self.b((ids * 3) % 100)
+
+
+def test_the_start_up_names_the_step_not_followed_after_a_remainder():
+    """Each said "through mod" (python) or "through aten::remainder", an op wok follows, whatever came after it or
+    whichever way it failed: the `+=` after it, a divisor past the table's rows, past the dtype, a float dividend,
+    an in-place change through a view; and of a `% n` within the rows, that it "is not followed"."""
+    long_example = (torch.zeros(1, 3, dtype=torch.long),)
+    module = RemainderAddedTo().eval()
+    with pytest.raises(IndexError, match="index out of range"):
+        module(torch.full((1, 3), 50))
+    module = RemainderPastRows().eval()
+    with pytest.raises(IndexError, match="index out of range"):
+        module(torch.full((1, 3), 150))
+    module = RemainderWithinRows().eval()
+    assert module(torch.arange(1000).reshape(1, -1)).shape == (1, 1000, 2)
+    checked = "input 'ids' in [0, {rows}) (checked per request; no bound published: it reaches {what} through {how})"
+    cases = (
+        (
+            RemainderAddedTo,
+            torch.int64,
+            100,
+            {"python": "add", "scripted": "aten::add_"},
+            ", which wok does not follow",
+        ),
+        (RemainderPastRows, torch.int64, 300, {}, " by 200, whose results from 150 to 199 are past its 150 rows"),
+        (NarrowRemainder, torch.int8, 100, {}, " by 200, past what int8 holds (127)"),
+        (RoundedRemainder, torch.int64, 70_000, {}, " of values not known to be integers"),
+        (RemainderChangedThroughAView, torch.int64, 100, {}, ", then {add_} in place, which wok does not follow"),
+    )
+    for cls, dtype, rows, ops, tail in cases:
+        for kind, model in _forms(cls(), (torch.zeros(1, 3, dtype=dtype),)).items():
+            found = id_ranges(model, ["ids"], {"ids": dtype})
+            python = kind == "python"
+            op = ops.get(kind, ops.get("scripted")) or ("mod" if python else "aten::remainder")
+            how = op + tail.format(add_="add_" if python else "aten::add_")
+            if cls is RoundedRemainder and kind == "exported":  # the exported graph's dtypes are known
+                how = "aten::remainder of float32 values, not integers"
+            what = "the Embedding module" if python else "aten::embedding"
+            assert found.said() == checked.format(rows=rows, what=what, how=how), (cls.__name__, kind)
+    for kind, model in _forms(RemainderWithinRows(), long_example).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        how = "the Embedding module through mod" if kind == "python" else "aten::embedding through aten::remainder"
+        assert found.said() == f"input 'ids' not checked: it reaches {how} by 100, within its 150 rows", kind
+
+
+class MaskReshaped(nn.Module):
+    """`table[mask.flatten()]` (and its reshape, view, move) of a parameter: a mask still, no id taken as a row;
+    ids moved to a device are the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.small = nn.Parameter(torch.randn(6, 3))
+
+    def forward(self, ids):
+        mask = ids != 0
+        picked = self.small[mask.flatten()].sum() + self.small[mask.reshape(-1)].sum()
+        return self.a(ids.to(ids.device)).sum() + picked + self.small[mask.view(-1).to(ids.device)].sum()
+
+
+class MaskCast(MaskReshaped):
+    """`mask.long()` is no mask: its 0s and 1s are rows, and `one` has one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.one = nn.Parameter(torch.randn(1, 3))
+
+    def forward(self, ids):
+        return self.a(ids).sum() + self.one[(ids != 0).flatten().long()].sum()
+
+
+def test_a_mask_reshaped_stays_a_mask():
+    """Reshaped, the mask was taken for ids reaching `table[...]` through ne: the python and scripted forms had no
+    bound; the exported one had (its graph keeps the bool dtype). A cast to integers is none. (A python model's
+    `.to(ids.device)` was read as a cast to another tensor's dtype: its ids were not checked.)"""
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    module = MaskReshaped().eval()
+    module(torch.tensor([[0, 99, 5], [99, 0, 1]]))  # every id below the bound is served
+    for kind, model in _forms(module, example).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows, found.said()) == ({"ids": 100}, {"ids": 100}, "input 'ids' in [0, 100)"), kind
+    module = MaskCast().eval()
+    with pytest.raises(IndexError, match="out of bounds"):
+        module(torch.ones(2, 3, dtype=torch.long))  # below a's 100 rows
+    for kind, model in _forms(module, example).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        how = (
+            "table[ids] of a parameter through long"
+            if kind == "python"
+            else "aten::index (table[ids]) of a parameter through aten::to"
+        )
+        assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
+        # The cast, not the comparison before it, is the step not followed.
+        assert found.unpublished == {"ids": f"it reaches {how}, which wok does not follow"}, kind
