@@ -1,6 +1,6 @@
 """What reading a ModelInferRequest costs the event loop, protobuf's parse against wok's (server/codec.py).
 
-    python bench/large_decode.py [--reps 15] [--json out.json]
+    python bench/large_decode.py [--reps 15] [--json out.json] [--codec-before NAME=FILE ...]
 
 A request of `codec.LARGE_REQUEST` bytes or more is read by `parse_infer_request`: its raw tensors as views of
 the received bytes, its size counted without serializing it. Below that size it is protobuf's parse, as before.
@@ -13,11 +13,18 @@ by the parsed message's ByteSize() in decode_request (a serialization of it), an
 deserializer (since 2026-12-06); the server's deserializer and decode_request(in_steps=True) timed together
 (`read`), and decode_request alone over messages parsed beforehand (`decode`); the four interleaved as above,
 each timed by this thread's CPU time (`time.thread_time`: the time other processes take the core from it is not
-counted, on a shared machine most of the noise of a figure of microseconds)."""
+counted, on a shared machine most of the noise of a figure of microseconds).
+
+`codecs` (with `--codec-before NAME=FILE`, FILE an older server/codec.py, e.g. `git show REV:server/codec.py`): the
+server's read of the same mlp requests (its deserializer's `parse_infer_request` and `decode_request(in_steps=True)`)
+by this checkout's codec against each FILE's, loaded into this process as a module of the wok package beside it
+(its decode_request is handed a Servable of this checkout's, with the file's own DecodePlan where it has one),
+interleaved and timed as `size_check`'s."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -157,6 +164,93 @@ def _size_check(reps: int, progress) -> dict:
     return {"model": "mlp", "max_request_bytes": limit, "results": out}
 
 
+def _load_codec(name: str, path: str):
+    """The codec.py at `path` as the module `wok._codec_NAME`, its relative imports resolved in this wok."""
+    import importlib.util
+
+    module_name = f"wok._codec_{name}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def _codecs(reps: int, files: dict[str, str], progress) -> dict:
+    """The server's read of the mlp's requests by this checkout's codec (`current`) against each older codec.py of
+    `files` (name -> path): parse_infer_request, then decode_request(in_steps=True), each codec's own."""
+    import numpy as np
+
+    from wok import codec
+    from wok.config import ServerSettings
+    from wok.models import build_demo
+
+    limit = ServerSettings().max_request_bytes
+    modules = {"current": codec, **{name: _load_codec(name, path) for name, path in files.items()}}
+    servables = {}
+    for name, module in modules.items():
+        servables[name] = servable = build_demo("mlp")
+        if hasattr(module, "DecodePlan"):  # the plan its decode_request reads, as its Servable built it
+            servable.decode_plan = module.DecodePlan(servable.config)
+    loops = 2000
+
+    def read(name, module):
+        parse, decode, servable = module.parse_infer_request, module.decode_request, servables[name]
+
+        def run(data: bytes) -> float:
+            began = time.thread_time()
+            for _ in range(loops):
+                decode(parse(data, limit), servable, in_steps=True)
+            return time.thread_time() - began
+
+        return run
+
+    ways = {name: read(name, module) for name, module in modules.items()}
+    out = []
+    for rows in SIZE_CHECK_ROWS:
+        x = np.arange(rows * 256, dtype=np.float32).reshape(rows, 256) / 1024
+        data = codec.encode_request("mlp", {"INPUT0": x}).SerializeToString()
+        for name, module in modules.items():  # each codec reads the request as this one does
+            got = module.decode_request(module.parse_infer_request(data, limit), servables[name], in_steps=True)
+            if got.inputs.keys() != {"INPUT0"} or not np.array_equal(got.inputs["INPUT0"], x) or got.rows != rows:
+                raise RuntimeError(
+                    f"codec {name} ({files.get(name, codec.__file__)}) read the {rows}-row request as {got}"
+                )
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for run in ways.values():  # warm
+            run(data)
+        for rep in range(reps):
+            order = list(ways.items())
+            for name, run in order if rep % 2 == 0 else reversed(order):
+                times[name].append(run(data) / loops)
+        diffs = {name: [1e6 * (b - a) for a, b in zip(times["current"], times[name])] for name in files}
+        out.append(
+            {
+                "rows": rows,
+                "bytes": len(data),
+                "loops": loops,
+                "median_us": {name: 1e6 * statistics.median(v) for name, v in times.items()},
+                "median_saved_us": {name: statistics.median(d) for name, d in diffs.items()},
+                "saved_us_range": {name: [min(d), max(d)] for name, d in diffs.items()},
+                "median_ratio_current_over": {
+                    name: statistics.median(a / b for a, b in zip(times["current"], times[name])) for name in files
+                },
+            }
+        )
+        progress(rows)
+    return {"model": "mlp", "max_request_bytes": limit, "files": dict(files), "results": out}
+
+
+def _codec_file(text: str) -> tuple[str, str]:
+    """--codec-before's NAME=FILE."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.isidentifier() or name == "current" or not path:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=FILE, NAME a Python identifier other than 'current', got {text!r}"
+        )
+    return name, path
+
+
 def build_parser() -> argparse.ArgumentParser:
     """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
@@ -164,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=15, help="repetitions, each way once per rep (default 15)")
     ap.add_argument("--json", help="write the figures here (schema wok.large_decode/1)")
+    ap.add_argument(
+        "--codec-before",
+        type=_codec_file,
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="an older server/codec.py to time the mlp's read against (the `codecs` part); repeatable",
+    )
     return ap
 
 
@@ -173,6 +275,12 @@ def main(argv=None) -> int:
     refuse_unwritable(ap, args, "--json")
     if (refusal := integer_refusal("--reps", args.reps, 1)) is not None:
         ap.error(refusal)
+    files = dict(args.codec_before)
+    if len(files) < len(args.codec_before):
+        ap.error("--codec-before: each NAME once")
+    for name, path in files.items():
+        if not os.path.isfile(path):
+            ap.error(f"--codec-before {name}: expected a file, got {path!r}")
     from wok.codec import LARGE_REQUEST
 
     results = _measure(args.reps, lambda size: print(f"{size} bytes done", file=sys.stderr, flush=True))
@@ -184,6 +292,10 @@ def main(argv=None) -> int:
         "results": results,
         "size_check": sizing,
     }
+    if files:
+        report["codecs"] = _codecs(
+            args.reps, files, lambda rows: print(f"codecs, {rows} rows done", file=sys.stderr, flush=True)
+        )
     print(f"{'request bytes':>14}{'protobuf µs':>14}{'wok µs':>12}{'wok/protobuf':>14}")
     for r in results:
         m = r["median_us"]
@@ -199,6 +311,16 @@ def main(argv=None) -> int:
             f"{r['rows']:>5}{r['bytes']:>8}{m['read_bytesize']:>16.2f}{m['read_received']:>10.2f}{d['read']:>8.2f}"
             f"{m['decode_bytesize']:>18.2f}{m['decode_received']:>10.2f}{d['decode']:>8.2f}"
         )
+    if files:
+        print("\nthe server's read of the mlp's requests (parse and decode), this codec against each older one")
+        print(f"{'rows':>5}{'bytes':>8}{'codec':>12}{'µs':>8}{'current µs':>12}{'saved':>8}{'current/it':>12}")
+        for r in report["codecs"]["results"]:
+            m = r["median_us"]
+            for name in files:
+                print(
+                    f"{r['rows']:>5}{r['bytes']:>8}{name:>12}{m[name]:>8.2f}{m['current']:>12.2f}"
+                    f"{r['median_saved_us'][name]:>8.2f}{r['median_ratio_current_over'][name]:>12.3f}"
+                )
     return finish_json(report, args.json, "large_decode: ")
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .codec import DecodePlan
 from .config import ModelConfig, TensorConfig
 from .datatypes import Datatype, datatype
 from .errors import (
@@ -182,6 +183,7 @@ class Servable:
         self.compute_dtype = PRECISION[config.precision]
         self.input_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.inputs}
         self.output_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.outputs}
+        self.decode_plan = DecodePlan(config)  # what decode_request reads of the config on every request
         self._variable_inputs = [t.name for t in config.inputs if t.variable]
         self._output_dims = {t.name: t.dims for t in config.outputs}
         # Whether an output of a dtype other than its config's casts without loss, by (output, dtype):

@@ -706,3 +706,33 @@ def test_a_timeout_or_priority_that_is_not_whole_is_refused_before_sending_not_c
 def test_a_whole_timeout_or_priority_written_as_a_float_is_sent_as_its_integer():
     req = encode_request("id", {"X": np.zeros((1, 3), np.float32)}, timeout_us=2500.0, priority=np.int64(2))
     assert (req.parameters["timeout"].int64_param, req.parameters["priority"].int64_param) == (2500, 2)
+
+
+def test_fixed_dims_around_a_variable_one_are_each_held_to_their_size():
+    # Several fixed dims are compared at once (DecodePlan's getter gives their sizes as a tuple), one alone as a
+    # value: a wrong size in either place is refused naming the whole shape, the variable dim takes any size.
+    s = identity_dims("FP32", [2, -1, 3])
+    req = pb.ModelInferRequest(model_name="id")
+    req.inputs.add(name="X", datatype="FP32", shape=[1, 2, 5, 3])
+    req.raw_input_contents.append(np.arange(30, dtype=np.float32).tobytes())
+    assert decode_request(req, s).inputs["X"].tolist() == np.arange(30, dtype=np.float32).reshape(1, 2, 5, 3).tolist()
+    for shape in ([1, 3, 5, 3], [1, 2, 5, 4], [1, 2, 5], [1, 2, 5, 3, 1]):
+        req = pb.ModelInferRequest(model_name="id")
+        req.inputs.add(name="X", datatype="FP32", shape=shape)
+        req.raw_input_contents.append(b"")
+        with pytest.raises(InvalidInput) as info:
+            decode_request(req, s)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert str(info.value) == (
+            f"input 'X': expected shape [-1, 2, -1, 3] (batch first, -1 = any), got {shape_str(shape)}"
+        ), shape
+    one = identity_dims("FP32", [-1, 4])
+    req = pb.ModelInferRequest(model_name="id")
+    req.inputs.add(name="X", datatype="FP32", shape=[1, 6, 5])
+    req.raw_input_contents.append(b"")
+    with pytest.raises(InvalidInput, match=r"^input 'X': expected shape \[-1, -1, 4\] \(batch first, -1 = any\), got "):
+        decode_request(req, one)
+
+
+def shape_str(shape: list[int]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"

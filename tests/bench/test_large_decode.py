@@ -1,0 +1,67 @@
+"""bench/large_decode.py's `codecs` part, small: this checkout's codec against a copy of itself loaded from a file,
+one rep; its figures, the file's module as the one timed, and --codec-before's refusals."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from wok.bench import large_decode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_codecs_times_the_current_codec_against_a_file_loaded_beside_it(tmp_path):
+    copy = tmp_path / "codec_copy.py"
+    shutil.copyfile(ROOT / "server" / "codec.py", copy)
+    done = []
+    try:
+        part = large_decode._codecs(1, {"copy": str(copy)}, done.append)
+        loaded = sys.modules["wok._codec_copy"]
+    finally:
+        sys.modules.pop("wok._codec_copy", None)
+    assert loaded.__file__ == str(copy)  # the file given, not wok.codec again
+    assert done == list(large_decode.SIZE_CHECK_ROWS)
+    assert part["model"] == "mlp" and part["files"] == {"copy": str(copy)}
+    assert [r["rows"] for r in part["results"]] == list(large_decode.SIZE_CHECK_ROWS)
+    for r in part["results"]:
+        assert set(r["median_us"]) == {"current", "copy"}
+        assert all(math.isfinite(v) and v > 0 for v in r["median_us"].values()), r
+        assert set(r["median_saved_us"]) == set(r["saved_us_range"]) == set(r["median_ratio_current_over"]) == {"copy"}
+        low, high = r["saved_us_range"]["copy"]
+        assert low <= r["median_saved_us"]["copy"] <= high
+        assert r["median_ratio_current_over"]["copy"] > 0
+        assert r["loops"] > 0 and r["bytes"] > 1000 * r["rows"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("codec.py", "expected NAME=FILE, NAME a Python identifier other than 'current', got 'codec.py'"),
+        ("current=codec.py", "got 'current=codec.py'"),
+        ("a-b=codec.py", "got 'a-b=codec.py'"),
+        ("old=", "got 'old='"),
+    ],
+)
+def test_codec_before_refuses_what_is_not_a_name_and_a_file(value, expected, capsys):
+    with pytest.raises(SystemExit) as info:
+        large_decode.build_parser().parse_args(["--codec-before", value])
+    assert info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_codec_before_refuses_a_missing_file_and_a_name_given_twice(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        large_decode.main(["--codec-before", f"old={tmp_path / 'none.py'}"])
+    assert info.value.code == 2
+    assert f"--codec-before old: expected a file, got '{tmp_path / 'none.py'}'" in capsys.readouterr().err
+    file = tmp_path / "codec.py"
+    file.write_text("")
+    with pytest.raises(SystemExit) as info:
+        large_decode.main(["--codec-before", f"old={file}", "--codec-before", f"old={file}"])
+    assert info.value.code == 2
+    assert "--codec-before: each NAME once" in capsys.readouterr().err
