@@ -19,7 +19,13 @@ counted, on a shared machine most of the noise of a figure of microseconds).
 server's read of the same mlp requests (its deserializer's `parse_infer_request` and `decode_request(in_steps=True)`)
 by this checkout's codec against each FILE's, loaded into this process as a module of the wok package beside it
 (its decode_request is handed a Servable of this checkout's, with the file's own DecodePlan where it has one),
-interleaved and timed as `size_check`'s."""
+interleaved and timed as `size_check`'s.
+
+`oversized`: what refusing a request over the server's --max-request-bytes costs the event loop, for a typed
+INT64 request of about 60 MiB over a limit L of 16 MiB (gRPC's receive limit, 4·L + 1 MiB, lets it through to
+wok's refusal): the server's deserializer and decode_request's refusal together, the request parsed whole and then
+refused (as until 2026-12-06) against only its model_name, model_version and id parsed (since), interleaved as
+above, each figure one refusal's wall time."""
 
 from __future__ import annotations
 
@@ -251,6 +257,62 @@ def _codec_file(text: str) -> tuple[str, str]:
     return name, path
 
 
+# The typed INT64 request of `oversized`: values of 8-byte varints, ~60 MiB.
+OVERSIZED_VALUES = 7_800_000
+OVERSIZED_LIMIT = 16 << 20  # the --max-request-bytes it is refused under
+
+
+def _oversized(reps: int) -> dict:
+    """Refusing a typed request over the limit: parsed whole (as before) against its head alone (`_head_of`)."""
+    import numpy as np
+
+    from wok import codec
+    from wok.errors import InvalidInput
+    from wok.models import build_demo
+
+    servable = build_demo("mlp")
+    req = codec.pb.ModelInferRequest(model_name="mlp", id="big")
+    values = np.arange(1 << 49, (1 << 49) + OVERSIZED_VALUES, dtype=np.int64)
+    req.inputs.add(name="INPUT0", datatype="INT64", shape=[1, OVERSIZED_VALUES]).contents.int64_contents.extend(values)
+    data = req.SerializeToString()
+    del req, values
+    size = len(data)
+
+    def whole(data: bytes):
+        return codec.OversizedRequest(codec._parse_large(data), size, OVERSIZED_LIMIT)  # parse_infer_request's, before
+
+    def head(data: bytes):
+        return codec.parse_infer_request(data, OVERSIZED_LIMIT)
+
+    ways = {"parse_whole": whole, "head_only": head}
+
+    def refuse(parse) -> float:
+        began = time.perf_counter()
+        try:
+            codec.decode_request(parse(data), servable, in_steps=True)
+        except InvalidInput:
+            return time.perf_counter() - began
+        raise AssertionError("the oversized request was not refused")
+
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for parse in ways.values():  # warm
+        refuse(parse)
+    for rep in range(reps):
+        order = list(ways.items())
+        for name, parse in order if rep % 2 == 0 else reversed(order):
+            times[name].append(refuse(parse))
+    return {
+        "bytes": size,
+        "values": OVERSIZED_VALUES,
+        "max_request_bytes": OVERSIZED_LIMIT,
+        "median_us": {name: 1e6 * statistics.median(v) for name, v in times.items()},
+        "us_range": {name: [1e6 * min(v), 1e6 * max(v)] for name, v in times.items()},
+        "median_ratio_head_over_whole": statistics.median(
+            b / a for a, b in zip(times["parse_whole"], times["head_only"])
+        ),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
@@ -285,12 +347,15 @@ def main(argv=None) -> int:
 
     results = _measure(args.reps, lambda size: print(f"{size} bytes done", file=sys.stderr, flush=True))
     sizing = _size_check(args.reps, lambda rows: print(f"size check, {rows} rows done", file=sys.stderr, flush=True))
+    oversized = _oversized(args.reps)
+    print("oversized request done", file=sys.stderr, flush=True)
     report = {
         "schema": SCHEMA,
         "reps": args.reps,
         "large_request_bytes": LARGE_REQUEST,
         "results": results,
         "size_check": sizing,
+        "oversized": oversized,
     }
     if files:
         report["codecs"] = _codecs(
@@ -321,6 +386,12 @@ def main(argv=None) -> int:
                     f"{r['rows']:>5}{r['bytes']:>8}{name:>12}{m[name]:>8.2f}{m['current']:>12.2f}"
                     f"{r['median_saved_us'][name]:>8.2f}{r['median_ratio_current_over'][name]:>12.3f}"
                 )
+    m = oversized["median_us"]
+    print(
+        f"\nrefusing a typed request of {oversized['bytes']:,} bytes over a limit of {OVERSIZED_LIMIT:,}: parsed "
+        f"whole {m['parse_whole']:,.1f} µs, its head only {m['head_only']:,.1f} µs "
+        f"(median ratio {oversized['median_ratio_head_over_whole']:.3g})"
+    )
     return finish_json(report, args.json, "large_decode: ")
 
 

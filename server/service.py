@@ -774,15 +774,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     time_left=context.time_remaining,
                     call_timeout=timeout,
                 )
-                # With its time for ModelStatistics' success (or fail, below), counted once it is written.
+                # With its time for ModelStatistics' success (or fail, below), counted once it is written; with
+                # the model's name and version, not the request, which a large one's received bytes would keep
+                # until then (a client reading slowly: up to the stream's window of them).
                 answer = pb.ModelStreamInferResponse(infer_response=resp)
-                results.put_nowait((answer, req, "OK", time.perf_counter() - begun))
+                results.put_nowait((answer, req.model_name, req.model_version, "OK", time.perf_counter() - begun))
             except Exception as exc:  # every request on the stream gets its one answer
                 if not isinstance(exc, WokError):
                     log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
                 code, details = to_status(exc)
-                answer = error_answer(code, details, self.send_limit, req.model_name, req.model_version, req.id)
-                results.put_nowait((answer, req, code.name, time.perf_counter() - begun))
+                model, version = req.model_name, req.model_version
+                answer = error_answer(code, details, self.send_limit, model, version, req.id)
+                results.put_nowait((answer, model, version, code.name, time.perf_counter() - begun))
 
         window = self.stream_window
 
@@ -801,7 +804,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     code, details = to_status(req.error)
                     # Nothing of the request could be read: no model or id to answer with; counted
                     # under no model's name as it is written.
-                    results.put_nowait((error_answer(code, details, self.send_limit), None, code.name, None))
+                    results.put_nowait((error_answer(code, details, self.send_limit), None, "", code.name, None))
                 else:
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks[t] = req
@@ -864,7 +867,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     raise asyncio.CancelledError("the stream ended before its answer was written") from None
                 st.writing_since = None
                 writing = None
-                self._count_answer(item[1], item[2], item[3])
+                self._count_answer(item[1], item[2], item[3], item[4])
                 st.owed -= 1
                 if st.owed < window:
                     st.room.set()
@@ -892,13 +895,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if tasks or unsent:
                 code = "UNAVAILABLE" if closed else self._ended_code(context.time_remaining, True, timeout)
                 # Answers the stream's end kept from the client count as it sees them end.
-                for _, req, _, _ in unsent:
-                    self._count_answer(req, code)
+                for _, model, version, _, _ in unsent:
+                    self._count_answer(model, version, code)
                 for t, req in list(tasks.items()):
                     if inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED:
                         # Read, its task not begun: `infer`, which counts a cancelled request's
                         # code, never sees it. Counted here as it would have counted it.
-                        self._count_answer(req, code)
+                        self._count_answer(req.model_name, req.model_version, code)
                     t.cancel()
 
     def _refuse_unmodeled(self, exc: WokError, time_left: Callable[[], float | None] | None) -> None:
@@ -921,16 +924,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return "UNAVAILABLE"
         return "DEADLINE_EXCEEDED" if _ended_by_deadline(time_left, timeout) else "CANCELLED"
 
-    def _count_answer(self, req: pb.ModelInferRequest | None, code: str, took: float | None = None) -> None:
-        """Count `code` in wok_responses_total for a stream's request: as its answer is written, or as
-        the stream ends without writing it; one written with the time it `took`, in ModelStatistics'
-        success (OK) or fail (any other code: an error its caller got). A request of no served model
-        (`req` None: bytes that are no request) under model=""."""
-        if req is None:
+    def _count_answer(self, model: str | None, version: str, code: str, took: float | None = None) -> None:
+        """Count `code` in wok_responses_total for a stream's request to `model` (its model_name) and `version`:
+        as its answer is written, or as the stream ends without writing it; one written with the time it `took`,
+        in ModelStatistics' success (OK) or fail (any other code: an error its caller got). A request of no served
+        model (`model` None: bytes that are no request) under model=""."""
+        if model is None:
             self.server.metrics.record_unmodeled(code)
             return
         try:
-            rt = self.server.runtime(req.model_name, req.model_version)
+            rt = self.server.runtime(model, version)
         except ModelNotFound:
             self.server.metrics.record_unmodeled(code)
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tracemalloc
 
 import grpc
 import numpy as np
@@ -286,3 +287,48 @@ async def test_a_stream_whose_client_writes_far_ahead_of_what_it_reads_is_read_n
         for i, out in got.items():
             assert out.shape == (1, WIDE) and out[0, 0] == i and out[0, -1] == i, (i, out[0, :3])
         assert stats.inference_count == n and server.service.active == 0 and not server.service._streams
+
+
+# FP32 values a row of the "sink" model's requests: 4 MiB, read in place of the received bytes (codec.LARGE_REQUEST);
+# its answers, one value a row.
+SINK = 1 << 20
+
+
+async def test_an_answer_waiting_to_be_written_keeps_nothing_of_its_request(serve, tmp_path):
+    # A stream's answer waited for its write with the whole request beside it (only its model's name and version
+    # are read then), and so the bytes gRPC received for it: a client reading slowly made the server hold up to
+    # the stream's window of requests, each up to gRPC's receive limit, besides their answers.
+    n = 8
+    repo = tmp_path / "repo"
+    _write_model(repo, "wide", 4, WIDE)
+    _write_model(repo, "sink", SINK, 1)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            call = await _stalled_stream(server, stub, 12)  # the sink's answers wait behind the wide ones' writes
+            (st,) = server.service._streams
+            sink = server.runtimes["sink"].stats
+            request = encode_request("sink", {"INPUT0": np.ones((1, SINK), np.float32)}, request_id="sink")
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                for _ in range(n):
+                    await call.write(request)
+
+                async def answered():
+                    while sink.inference_count < n or st.results.qsize() < n:
+                        await asyncio.sleep(0.005)
+
+                await asyncio.wait_for(answered(), 10)
+                held = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            # gRPC's iterator of the stream's requests keeps the last one read until the next arrives: one request.
+            assert held < 2 * SINK * 4, f"{held:,} bytes held by {n} answers of 4 bytes waiting to be written"
+            # Every request has its one answer, once the client reads.
+            await call.done_writing()
+            answers = [r async for r in call]
+            assert await call.code() == grpc.StatusCode.OK
+    assert [a.error_message for a in answers] == [""] * (12 + n)
+    assert sorted(a.infer_response.id for a in answers) == sorted([str(i) for i in range(12)] + ["sink"] * n)
+    assert server.service.active == 0

@@ -131,7 +131,6 @@ def test_a_request_is_held_to_the_servers_limit_by_the_bytes_received(values):
     over = read(data)
     assert type(over) is OversizedRequest
     assert (over.size, over.max_bytes, over.model_name, over.id) == (len(data), len(data) - 1, "wide", "r1")
-    assert type(over.message) is (ReceivedRequest if values == LARGE_REQUEST else pb.ModelInferRequest)
     with pytest.raises(InvalidInput) as info:
         decode_request(over, servable())  # refused whatever decode_request's max_bytes (none here)
     assert str(info.value) == (
@@ -218,3 +217,78 @@ def test_a_request_of_many_top_level_fields_is_left_to_protobuf():
     data = req.SerializeToString()
     assert type(parse(data)) is pb.ModelInferRequest
     assert_decoded_alike(data)
+
+
+def typed_request(values: int) -> pb.ModelInferRequest:
+    """A request of `values` typed INT64 values a row (as tritonclient never sends, but a client may)."""
+    req = pb.ModelInferRequest(model_name="wide", model_version="", id="r1")
+    ids = req.inputs.add(name="ids", datatype="INT64", shape=[ROWS, values])
+    ids.contents.int64_contents.extend(range(ROWS * values))
+    req.outputs.add(name="Y")
+    req.parameters["timeout"].int64_param = 5
+    return req
+
+
+@pytest.mark.parametrize("values", [600, LARGE_REQUEST], ids=["small", "large"])
+def test_a_request_over_the_limit_is_refused_without_parsing_its_tensors(values):
+    # The refusal needs the model's name and version, and the id a stream's answer echoes: parsing the rest cost a
+    # typed request near gRPC's receive limit (4·L + 1 MiB) its whole parse on the event loop, to be refused.
+    data = typed_request(values).SerializeToString()
+    over = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(data)
+    assert type(over) is OversizedRequest
+    assert [f.name for f, _ in over.message.ListFields()] == ["model_name", "id"]
+    assert (over.model_name, over.model_version, over.id, over.size) == ("wide", "", "r1", len(data))
+    with pytest.raises(InvalidInput) as info:
+        decode_request(over, servable())
+    assert str(info.value) == (
+        f"request to model 'wide' is {len(data)} bytes, over the limit of 1024 bytes (the server's --max-request-bytes)"
+    )
+
+
+def test_a_request_over_the_limit_is_refused_for_its_size_though_its_tensors_would_not_parse():
+    # Its tensors are not read, so a broken input message is not seen: the size is refused, as gRPC refuses a
+    # message over its receive limit unread.
+    data = typed_request(LARGE_REQUEST).SerializeToString() + _field(5, b"\xff")
+    with pytest.raises(DecodeError):
+        pb.ModelInferRequest.FromString(data)
+    over = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(data)
+    assert type(over) is OversizedRequest and (over.model_name, over.id) == ("wide", "r1")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # protobuf keeps the last of a field given twice, and reads one of the wrong wire type as an unknown field
+        pytest.param(lambda d: _field(1, b"first") + d + _field(3, b"last"), id="given_twice"),
+        pytest.param(lambda d: d + _varint(3 << 3) + b"\x07", id="id_as_a_varint"),
+        pytest.param(lambda d: _field(2, b"7") + d + _field(9, b"unknown"), id="version_and_an_unknown_field"),
+    ],
+)
+def test_the_fields_a_refusal_reads_are_protobufs(head):
+    data = head(typed_request(LARGE_REQUEST).SerializeToString())
+    whole = pb.ModelInferRequest.FromString(data)
+    over = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(data)
+    assert type(over) is OversizedRequest
+    assert (over.model_name, over.model_version, over.id) == (whole.model_name, whole.model_version, whole.id)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda d: _field(1, b"\xff") + d, id="model_name_not_utf8"),
+        pytest.param(lambda d: d + b"\x0b", id="group"),
+        pytest.param(lambda d: d[:-1], id="truncated"),
+    ],
+)
+def test_a_request_over_the_limit_whose_head_does_not_parse_is_refused_in_protobufs_words(cut):
+    # What the walk leaves to protobuf, or a field the refusal reads that does not parse: the whole message is
+    # parsed, as before, and its error said.
+    data = cut(typed_request(LARGE_REQUEST).SerializeToString())
+    with pytest.raises(DecodeError) as info:
+        pb.ModelInferRequest.FromString(data)
+    got = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(data)
+    assert isinstance(got, Unparsed)
+    assert str(got.error) == (
+        f"message is not a valid inference.ModelInferRequest ({len(data)} bytes): {info.value} "
+        "(sent to /inference.GRPCInferenceService/ModelInfer)"
+    )
