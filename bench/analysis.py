@@ -439,7 +439,7 @@ def bisect_max_qps(
     threshold) and the steps run, each marked phase "refine".
     """
     if not lo < hi:
-        raise ValueError(f"need lo < hi, got lo={lo}, hi={hi}")
+        raise ValueError(f"lo, hi: expected lo < hi; got lo={lo}, hi={hi}")
     extra = []
     for _ in range(iterations):
         mid = (lo + hi) / 2
@@ -643,7 +643,7 @@ def ramp_result(
     config = dict(config)
     config.setdefault("source", "bench")
     if config["source"] not in ("bench", "simulate"):
-        raise ValueError(f"config source must be 'bench' or 'simulate', got {config['source']!r}")
+        raise ValueError(f"config source: expected 'bench' or 'simulate'; got {config['source']!r}")
     ordered = _sorted_steps(steps)
     knee = find_knee(ordered, knee_threshold)
     best = max_qps_under_slo(ordered, slo_p99_ms, min_success_rate)

@@ -88,7 +88,7 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], where: str) -
         if hidden is not None and "".join(c for c in name if c.isprintable()).strip(SPACES) in known:
             called = unicodedata.name(hidden, "")  # a control has none
             raise ValueError(
-                f"{where}: CSV header column {column}, {_quoted(name)}: expected printable characters alone, got "
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected printable characters alone; got "
                 f"U+{ord(hidden):04X}{' ' + called if called else ''} (category {unicodedata.category(hidden)})"
             )
     return fields
@@ -230,7 +230,7 @@ def window_rate(arrivals: Arrivals, start_s: float, end_s: float) -> float:
     """Expected requests/s over [start_s, end_s) of the schedule: a step's offered rate over its
     measured window, which for a burst or a sawtooth differs from the mean over warm-up and window."""
     if not end_s > start_s:
-        raise ValueError(f"window: expected end_s > start_s, got the empty [{start_s:g}, {end_s:g})")
+        raise ValueError(f"window: expected end_s > start_s; got the empty [{start_s:g}, {end_s:g})")
     cumulative = getattr(arrivals, "cumulative", None)
     if cumulative is None or isinstance(arrivals, Poisson | Constant):  # constant λ: exactly its rate
         return arrivals.mean_rate
@@ -248,7 +248,7 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
     its pace, which a few more steps bring within one request per step.
     """
     if not (math.isfinite(offered_qps) and offered_qps > 0):
-        raise ValueError(f"offered rate must be finite and > 0; got {offered_qps:g}")
+        raise ValueError(f"offered rate: expected a finite QPS > 0; got {offered_qps:g}")
 
     def offered(q: float) -> float:
         return window_rate(parse_arrivals(spec, q, duration_s=duration_s), 0.0, duration_s)
@@ -275,7 +275,7 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
         if not q1 > 0:
             low_q, low_f = min(tried)
             raise ValueError(
-                f"arrivals {_quoted(spec)}: offers more than {offered_qps:g} QPS at any step rate above 0, got "
+                f"arrivals {_quoted(spec)}: offers more than {offered_qps:g} QPS at any step rate above 0; got "
                 f"{low_f:g} QPS at step rate {low_q:g} (an absolute burst amplitude or sawtooth bound sets a floor)"
             )
         f0, f1 = f1, offered(q1)
@@ -300,14 +300,14 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
 def _check_rate(what: str, value: float) -> float:
     value = float(value)
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a finite rate >= 0; got {value:g}")
+        raise ValueError(f"{what}: expected a finite rate >= 0; got {value:g}")
     return value
 
 
 def _check_duration(duration_s: float) -> float:
     duration_s = float(duration_s)
     if not math.isfinite(duration_s) or duration_s < 0:
-        raise ValueError(f"duration_s must be finite and >= 0; got {duration_s:g}")
+        raise ValueError(f"duration_s: expected a finite duration >= 0 s; got {duration_s:g}")
     return duration_s
 
 
@@ -435,9 +435,9 @@ class Burst:
         object.__setattr__(self, "t0_s", float(self.t0_s))
         object.__setattr__(self, "sigma_s", float(self.sigma_s))
         if not math.isfinite(self.t0_s):
-            raise ValueError(f"t0_s must be finite; got {self.t0_s}")
+            raise ValueError(f"t0_s: expected a finite time in seconds; got {self.t0_s}")
         if not (math.isfinite(self.sigma_s) and self.sigma_s > 0):
-            raise ValueError(f"sigma_s must be finite and > 0; got {self.sigma_s:g}")
+            raise ValueError(f"sigma_s: expected a finite duration > 0 s; got {self.sigma_s:g}")
         if self.duration_s is not None:
             object.__setattr__(self, "duration_s", _check_duration(self.duration_s))
         elif self.t0_s <= 0:
@@ -521,7 +521,7 @@ class Sawtooth:
         object.__setattr__(self, "high_qps", _check_rate("high_qps", self.high_qps))
         object.__setattr__(self, "period_s", float(self.period_s))
         if not (math.isfinite(self.period_s) and self.period_s > 0):
-            raise ValueError(f"period_s must be finite and > 0; got {self.period_s:g}")
+            raise ValueError(f"period_s: expected a finite duration > 0 s; got {self.period_s:g}")
 
     def rate(self, t: np.ndarray | float) -> np.ndarray | float:
         t = np.asarray(t, dtype=np.float64)
@@ -567,23 +567,23 @@ class TraceReplay:
         ts = np.asarray(timestamps_s, dtype=np.float64).reshape(-1)
         if not np.all(np.isfinite(ts)):
             i = int(np.flatnonzero(~np.isfinite(ts))[0])
-            raise ValueError(f"trace timestamps must be finite, got {ts[i]:g} at index {i}")
+            raise ValueError(f"trace timestamps: expected finite numbers; got {ts[i]:g} at index {i}")
         if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError(f"time_scale must be finite and > 0; got {time_scale:g}")
+            raise ValueError(f"time_scale: expected a finite number > 0; got {time_scale:g}")
         order = np.argsort(ts, kind="stable")  # stable: equal timestamps keep their sizes' order
         ts = ts[order]
         if ts.size < 2 or ts[-1] == ts[0]:
             raise ValueError(
-                f"a trace needs at least two distinct timestamps, got {ts.size} ({np.unique(ts).size} distinct)"
+                f"trace timestamps: expected at least two distinct; got {ts.size} ({np.unique(ts).size} distinct)"
             )
         if sizes is not None:
             raw = np.asarray(sizes).reshape(-1)
             if raw.size != ts.size:
-                raise ValueError(f"trace sizes: expected one per timestamp ({ts.size}), got {raw.size}")
+                raise ValueError(f"trace sizes: expected one per timestamp ({ts.size}); got {raw.size}")
             sizes = raw.astype(np.int64)
             if np.any(sizes != raw) or np.any(sizes < 0):
                 i = int(np.flatnonzero((sizes != raw) | (sizes < 0))[0])
-                raise ValueError(f"trace sizes must be integers >= 0, got {raw[i].item()!r} at index {i}")
+                raise ValueError(f"trace sizes: expected integers >= 0; got {raw[i].item()!r} at index {i}")
             sizes = sizes[order]
         self.timestamps_s = ts
         self.sizes = sizes
@@ -754,7 +754,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not JSON ({e.msg})") from None
             if not isinstance(obj, dict) or "timestamp" not in obj:
-                raise ValueError(f'{where}: expected an object with a "timestamp" field, got {_brief(line)}')
+                raise ValueError(f'{where}: expected an object with a "timestamp" field; got {_brief(line)}')
             stamp(obj["timestamp"], where)
             sizes.append(_size(obj["size"], where) if obj.get("size") is not None else None)
             wheres.append(where)
@@ -762,7 +762,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
         fields, header, rows = csv_rows(text, ("timestamp", "size"), path)
         if "timestamp" not in fields:
             where = f"{path}:{header}" if header else str(path)
-            raise ValueError(f"{where}: CSV header must have a 'timestamp' column; got {header_names(fields)}")
+            raise ValueError(f"{where}: CSV header: expected a 'timestamp' column; got {header_names(fields)}")
         for lineno, row in rows:
             where = f"{path}:{lineno}"
             stamp(row["timestamp"], where)
@@ -770,7 +770,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             sizes.append(_size(size, where) if size else None)
             wheres.append(where)
     if not stamps:
-        raise ValueError(f"{path}: expected at least one arrival, got none")
+        raise ValueError(f"{path}: expected at least one arrival; got none")
     have = [s is not None for s in sizes]
     # Seconds have any origin (Unix time or the recording's start), an ISO time the Unix epoch:
     # mixed, "0" and "2026-01-01T00:00:00Z" made a trace 1.8e9 s long instead of a refusal.
@@ -821,8 +821,9 @@ def _number(text: str) -> float | None:
 MAX_STEPS = 1000
 
 
-def parse_steps(spec: str) -> list[float]:
-    """QPS steps from a list "50,100,200" (kept in the order given) or a range "start:stop:factor".
+def parse_steps(spec: str, noun: str = "step") -> list[float]:
+    """QPS steps from a list "50,100,200" (kept in the order given) or a range "start:stop:factor"; `noun` names
+    one value of a list in a refusal ("step 2: expected a number > 0; got 0").
 
     A range multiplies by `factor` (> 1) from `start` while the value is <= `stop`;
     `stop` itself is the last step when the sequence hits it (to within 1e-9, so that
@@ -835,7 +836,7 @@ def parse_steps(spec: str) -> list[float]:
         parts = [p.strip(SPACES) for p in text.split(":")]
         if len(parts) != 3:
             raise ValueError(
-                f"QPS range {_quoted(spec)}: expected start:stop:factor (e.g. '50:800:2'), got {len(parts)} parts"
+                f"QPS range {_quoted(spec)}: expected start:stop:factor (e.g. '50:800:2'); got {len(parts)} parts"
             )
         values = [_number(p) for p in parts]
         for label, p, v in zip(("start", "stop", "factor"), parts, values):
@@ -843,12 +844,13 @@ def parse_steps(spec: str) -> list[float]:
                 raise ValueError(f"QPS range {_quoted(spec)}: {label} {_quoted(p)} is not a number{digits_note(p)}")
         start, stop, factor = values
         if start <= 0:
-            raise ValueError(f"QPS range {_quoted(spec)}: start must be > 0; got {start:g}")
+            raise ValueError(f"QPS range {_quoted(spec)}: start: expected a number > 0; got {start:g}")
         if stop < start:
-            raise ValueError(f"QPS range {_quoted(spec)}: stop must be >= start {start:g}; got {stop:g}")
+            raise ValueError(f"QPS range {_quoted(spec)}: stop: expected a number >= start {start:g}; got {stop:g}")
         if factor <= 1:
-            raise ValueError(f"QPS range {_quoted(spec)}: factor must be > 1; got {factor:g}")
-        count = math.floor(math.log(stop / start) / math.log(factor) + 1e-9) + 1
+            raise ValueError(f"QPS range {_quoted(spec)}: factor: expected a number > 1; got {factor:g}")
+        # Logs apart, not of the ratio: 1e300 / 1e-300 is inf, and floor(inf) raised OverflowError (a traceback).
+        count = math.floor((math.log(stop) - math.log(start)) / math.log(factor) + 1e-9) + 1
         if count > MAX_STEPS:
             raise ValueError(f"QPS range {_quoted(spec)}: {count} steps; at most {MAX_STEPS}")
         steps = [start * factor**k for k in range(count)]
@@ -862,7 +864,9 @@ def parse_steps(spec: str) -> list[float]:
         if value is None:
             raise ValueError(f"QPS steps {_quoted(spec)}: {_quoted(item)} is not a number{digits_note(item)}")
         if value <= 0:
-            raise ValueError(f"QPS steps {_quoted(spec)}: each step must be > 0; got {value:g}")
+            raise ValueError(
+                f"QPS steps {_quoted(spec)}: {noun} {len(steps) + 1}: expected a number > 0; got {value:g}"
+            )
         steps.append(value)
     if len(steps) > MAX_STEPS:
         raise ValueError(f"QPS steps {_quoted(spec)}: {len(steps)} steps; at most {MAX_STEPS}")
@@ -921,16 +925,19 @@ def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> f
         if duration_s is None:
             raise ValueError(
                 f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is a fraction of the step; parse_arrivals needs "
-                "duration_s, got None"
+                "duration_s; got None"
             )
         return fraction / 100.0 * duration_s
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except ValueError:
         raise ValueError(
             f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is neither a duration like '30s', '500ms', '2m' "
             "nor a fraction of the step like '50%'"
         ) from None
+    if not math.isfinite(seconds):  # '1e999s': refused by the process as its field (sigma_s), not the spec's
+        raise ValueError(f"arrivals {_quoted(spec)}: {key}: expected a finite duration; got {_quoted(value)}")
+    return seconds
 
 
 def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) -> Arrivals:
@@ -956,7 +963,7 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
     items = rest.split(",") if rest.strip(SPACES) else []
     if kind == "trace":
         if not items or not items[0].strip(SPACES):
-            raise ValueError(f"arrivals {_quoted(spec)}: expected trace:PATH[,scale=N], got no PATH")
+            raise ValueError(f"arrivals {_quoted(spec)}: expected trace:PATH[,scale=N]; got no PATH")
         # A path may hold commas ("calls,2026.csv" was the file "calls" and an option "2026.csv"):
         # the options are the trailing items with an "=", the rest is the path.
         cut = len(items)
@@ -973,10 +980,10 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
         t0 = _time_option(spec, "t0", opts.get("t0", "50%"), duration_s)
         sigma = _time_option(spec, "sigma", opts.get("sigma", "10%"), duration_s)
         if sigma <= 0:
-            raise ValueError(f"arrivals {_quoted(spec)}: burst sigma must be > 0 s, got {sigma:g}")
+            raise ValueError(f"arrivals {_quoted(spec)}: sigma: expected a duration > 0 s; got {sigma:g}")
         if duration_s is None and t0 <= 0:
             raise ValueError(
-                f"arrivals {_quoted(spec)}: a burst at t0 <= 0 needs duration_s for its mean rate, got t0 {t0:g} s "
+                f"arrivals {_quoted(spec)}: a burst at t0 <= 0 needs duration_s for its mean rate; got t0 {t0:g} s "
                 "and duration_s None"
             )
         return Burst(qps, amplitude, t0, sigma, duration_s)
@@ -985,13 +992,13 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
         high = _rate_option(spec, "high", opts.get("high", "1.5x"), qps)
         period = _time_option(spec, "period", opts.get("period", "10s"), duration_s)
         if period <= 0:
-            raise ValueError(f"arrivals {_quoted(spec)}: sawtooth period must be > 0 s, got {period:g}")
+            raise ValueError(f"arrivals {_quoted(spec)}: period: expected a duration > 0 s; got {period:g}")
         return Sawtooth(low, high, period)
     trace = load_trace(path)
     scale = opts.get("scale", "1")
     if scale.lower() == "auto":
         if qps == 0:
-            raise ValueError(f"arrivals {_quoted(spec)}: scale=auto needs a qps > 0, got {qps:g}")
+            raise ValueError(f"arrivals {_quoted(spec)}: scale=auto needs a qps > 0; got {qps:g}")
         return TraceReplay(trace.timestamps_s, trace.sizes, qps / trace.mean_rate)
     factor = _number(scale)
     if factor is None or factor <= 0:

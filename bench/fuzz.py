@@ -696,17 +696,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
+    # Refused as --json is and as the other standalone scripts refuse a value (usage, the message, exit 2).
     if not args.minutes > 0:  # NaN passed `<= 0`: a run of no rounds, exit 0
-        print(f"wok fuzz: --minutes: expected a number > 0; got {args.minutes:g}", file=sys.stderr)
-        return 2
+        ap.error(f"--minutes: expected a number > 0; got {args.minutes:g}")
     if args.target is not None:
         from wok.bench.cli import check_one_target
 
         try:
             args.target = check_one_target(args.target)  # else one without a port dials 443, a URL fails every input
         except ValueError as exc:
-            print(f"wok fuzz: {exc}", file=sys.stderr)
-            return 2
+            ap.error(str(exc))
     result = run(
         60 * args.minutes,
         args.target,

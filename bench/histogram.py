@@ -90,7 +90,7 @@ def bucket_index(ns: np.ndarray, bits: int = SUB_BUCKET_BITS) -> np.ndarray:
     """Bucket of each non-negative integer nanosecond value (vectorized)."""
     v = np.asarray(ns, dtype=np.int64)
     if v.size and v.min() < 0:
-        raise ValueError("latencies must be >= 0")
+        raise ValueError(f"latencies: expected nanoseconds >= 0; got {int(v.min())}")
     k = np.zeros(v.shape, dtype=np.int64)
     big = v >= (2 << bits)
     if big.any():
@@ -121,7 +121,7 @@ class LatencyHistogram:
 
     def __init__(self, sub_bucket_bits: int = SUB_BUCKET_BITS) -> None:
         if not 1 <= sub_bucket_bits <= 16:
-            raise ValueError(f"sub_bucket_bits must be in [1, 16], got {sub_bucket_bits}")
+            raise ValueError(f"sub_bucket_bits: expected an integer from 1 to 16; got {sub_bucket_bits}")
         self.bits = sub_bucket_bits
         self.counts: dict[int, int] = {}
         self.count = 0
@@ -218,7 +218,7 @@ class LatencyHistogram:
     @classmethod
     def from_dict(cls, d: dict) -> LatencyHistogram:
         if d.get("unit") != "ns":
-            raise ValueError(f"histogram unit must be 'ns', got {d.get('unit')!r}")
+            raise ValueError(f"histogram unit: expected 'ns'; got {d.get('unit')!r}")
         h = cls(int(d["sub_bucket_bits"]))
         if len(d["buckets"]) != len(d["counts"]):
             raise ValueError("histogram buckets and counts differ in length")

@@ -114,7 +114,7 @@ class TensorSpec:
         datatype(self.datatype)  # an unknown name fails here, with the list of known ones
         shape = tuple(int(d) for d in self.shape)
         if any(d < -1 for d in shape):
-            raise ValueError(f"input '{self.name}': dimensions must be >= 0 or -1; got {list(shape)}")
+            raise ValueError(f"input '{self.name}': dimensions: expected sizes >= 0 or -1; got {list(shape)}")
         object.__setattr__(self, "shape", shape)
 
 
@@ -172,12 +172,12 @@ class LogNormal:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.median) and self.median > 0):
-            raise ValueError(f"lognormal median must be > 0; got {self.median!r}")
+            raise ValueError(f"lognormal median: expected a finite number > 0; got {self.median!r}")
         if not (math.isfinite(self.sigma) and self.sigma >= 0):
-            raise ValueError(f"lognormal sigma must be >= 0; got {self.sigma!r}")
+            raise ValueError(f"lognormal sigma: expected a finite number >= 0; got {self.sigma!r}")
         object.__setattr__(self, "max", _int(self.max, "lognormal max", 1))
         if self.median > self.max:
-            raise ValueError(f"lognormal median {self.median:g} is above max {self.max}")
+            raise ValueError(f"lognormal median: expected at most max {self.max}; got {self.median:g}")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         x = np.rint(self.median * np.exp(self.sigma * rng.standard_normal(n)))
@@ -191,7 +191,7 @@ class Empirical:
         raw = np.asarray(values).reshape(-1)
         if raw.size == 0:
             raise ValueError("empirical sizes: no values")
-        expected = "empirical sizes must be integers 0 <= n < 2**63"
+        expected = "empirical sizes: expected integers 0 <= n < 2**63"
         if raw.dtype.kind not in "iuf":
             raise ValueError(f"{expected}; got values of dtype {raw.dtype}")
         # An infinite float is its own floor, and a uint64 or float from 2**63 up passed as well: each was cast to
@@ -298,10 +298,13 @@ def parse_sizes(spec: str) -> Sizes:
             missing = [k for k in ("median", "sigma", "max") if k not in opts]
             if missing:
                 raise ValueError(f"lognormal needs median, sigma and max; missing {', '.join(missing)}")
-            try:
-                median, sigma = read_float(opts["median"]), read_float(opts["sigma"])
-            except ValueError:
-                raise ValueError("lognormal median and sigma must be numbers") from None
+            numbers = {}
+            for key in ("median", "sigma"):
+                try:
+                    numbers[key] = read_float(opts[key])
+                except ValueError:
+                    raise ValueError(f"lognormal {key}: expected a number; got {_quoted(opts[key])}") from None
+            median, sigma = numbers["median"], numbers["sigma"]
             if not ascii_digits(opts["max"]):
                 raise ValueError(f"lognormal max: expected an integer >= 1; got {_quoted(opts['max'])}")
             return LogNormal(median, sigma, int(opts["max"]))
@@ -604,7 +607,7 @@ class Mix:
         self.generators = [g for g, _ in entries]
         weights = np.asarray([w for _, w in entries], dtype=np.float64)
         if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
-            raise ValueError(f"mix weights must be >= 0 with a positive sum; got {weights.tolist()}")
+            raise ValueError(f"mix weights: expected finite numbers >= 0 with a sum > 0; got {weights.tolist()}")
         self.weights = weights / weights.sum()
 
     def __len__(self) -> int:

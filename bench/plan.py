@@ -126,7 +126,7 @@ def exact(value, what: str) -> Fraction:
     if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity
         raise ValueError(f"{what}: expected a finite number; got {value!r}")
     if isinstance(value, (bool, float)):
-        raise ValueError(f"{what}: {value!r} must be decimal text, not a binary float")
+        raise ValueError(f"{what}: expected decimal text, not a binary float; got {value!r}")
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, Decimal):
@@ -466,14 +466,14 @@ def alpha_is_rounding(alpha_s, smallest_time_s) -> bool:
 
 def _check_batch(t: Fraction, n: Fraction, names: Mapping[str, str] | None) -> None:
     if t <= 0:
-        raise ValueError(f"{_named(names, 't_batch_s')}T_batch must be > 0 s; got {decimal_text(t)} s")
+        raise ValueError(f"{_named(names, 't_batch_s')}T_batch: expected a time > 0 s; got {decimal_text(t)} s")
     if n <= 0:
-        raise ValueError(f"{_named(names, 'batch_size')}the batch size n must be > 0; got {decimal_text(n)}")
+        raise ValueError(f"{_named(names, 'batch_size')}the batch size n: expected a number > 0; got {decimal_text(n)}")
     if n < 1:
         # n counts requests per batch (its mean), and a batch holds one or more: below 1 the plan
         # would charge every request more than a whole batch's time.
         raise ValueError(
-            f"{_named(names, 'batch_size')}the batch size n must be at least 1 (a batch holds one request or "
+            f"{_named(names, 'batch_size')}the batch size n: expected at least 1 (a batch holds one request or "
             f"more); got {decimal_text(n)}"
         )
 
@@ -502,7 +502,7 @@ def batch_from_alpha_beta(
     α + β·n, "batch_size") are the caller's for the inputs, for the errors.
     """
     if beta_s < 0:
-        raise ValueError(f"{_named(names, 'beta_s')}β must be >= 0; got β={decimal_text(beta_s)} s")
+        raise ValueError(f"{_named(names, 'beta_s')}β: expected a time >= 0 s; got {decimal_text(beta_s)} s")
     given = alpha_s if alpha_s < 0 and not alpha_is_rounding(alpha_s, smallest_time_s) else None
     alpha_s = max(alpha_s, Fraction(0))
     t = alpha_s + beta_s * batch_size
@@ -724,26 +724,26 @@ class Autoscaling:
         out, inn = self.scale_out_above, self.scale_in_below
         if out <= 0:
             raise ValueError(
-                f"{_named(names, 'scale_out_above')}the scale-out threshold must be in (0, 1); got {_d(out)}"
+                f"{_named(names, 'scale_out_above')}the scale-out threshold: expected a number in (0, 1); got {_d(out)}"
             )
         if out >= 1:
             raise ValueError(
-                f"{_named(names, 'scale_out_above')}the scale-out threshold must be in (0, 1): a pod's busy ratio, "
-                f"the seconds per second its model instance spends running batches, is at most 1, so the autoscaler "
-                f"would never scale out; got {_d(out)}"
+                f"{_named(names, 'scale_out_above')}the scale-out threshold: expected a number in (0, 1): a pod's "
+                f"busy ratio, the seconds per second its model instance spends running batches, is at most 1, so the "
+                f"autoscaler would never scale out; got {_d(out)}"
             )
         # KEDA's HPA scales out above its threshold × (1 + the cluster's 10% tolerance), and the threshold,
         # out / 1.1, is written rounded up to 4 places: above 0.9999 that puts scale-out above 1.
         keda_out = _round_up(out / (1 + HPA_DEFAULT_TOLERANCE), 4) * (1 + HPA_DEFAULT_TOLERANCE)
         if keda_out >= 1:
             raise ValueError(
-                f"{_named(names, 'scale_out_above')}the scale-out threshold must be at most 0.9999: KEDA's threshold, "
-                f"it / 1.1 rounded up to 4 places, would have KEDA's HPA (10% tolerance) scale out only above "
-                f"{_d(keda_out)}, a busy ratio no pod reaches; got {decimal_text(out, 12)}"
+                f"{_named(names, 'scale_out_above')}the scale-out threshold: expected at most 0.9999: KEDA's "
+                f"threshold, it / 1.1 rounded up to 4 places, would have KEDA's HPA (10% tolerance) scale out only "
+                f"above {_d(keda_out)}, a busy ratio no pod reaches; got {decimal_text(out, 12)}"
             )
         if not 0 < inn < out:
             raise ValueError(
-                f"{_named(names, 'scale_in_below')}the scale-in threshold must be > 0 and below the scale-out "
+                f"{_named(names, 'scale_in_below')}the scale-in threshold: expected a number > 0 below the scale-out "
                 f"threshold {_d(out)}; got {_d(inn)}"
             )
         # The HPA's scale-down tolerance is written to 4 places and rounded up (so that scale-in
@@ -752,13 +752,13 @@ class Autoscaling:
         least = out / 10**4
         if inn < least:
             raise ValueError(
-                f"{_named(names, 'scale_in_below')}the scale-in threshold must be at least the scale-out threshold "
+                f"{_named(names, 'scale_in_below')}the scale-in threshold: expected at least the scale-out threshold "
                 f"/ 10000 = {decimal_text(_round_up(least, 12), 12)}: below that the HPA's scale-down tolerance, "
                 f"4 decimal places, rounds up to 1 and it never scales in; got {decimal_text(inn, 12)}"
             )
         if not 0 <= self.sustain_s <= 3600 or self.sustain_s.denominator != 1:
             raise ValueError(
-                f"{_named(names, 'sustain_s')}sustain must be whole seconds from 0 to 1h (the HPA's stabilization "
+                f"{_named(names, 'sustain_s')}sustain: expected whole seconds from 0 to 1h (the HPA's stabilization "
                 f"window); got {_d(self.sustain_s)} s"
             )
         if self.max_replicas is not None:
@@ -870,7 +870,9 @@ def _build_plan(
     if len(given) != 1:
         raise ValueError("give the peak exactly one way: a peak QPS, a burst profile, or per-team peaks")
     if not 0 < target_util <= 1:
-        raise ValueError(f"{_named(names, 'target_util')}target utilization must be in (0, 1]; got {_d(target_util)}")
+        raise ValueError(
+            f"{_named(names, 'target_util')}target utilization: expected a number in (0, 1]; got {_d(target_util)}"
+        )
     if (refusal := integer_refusal(f"{_named(names, 'redundancy')}redundancy k", redundancy, 0)) is not None:
         raise ValueError(refusal)
     team_names = [t for t, _ in teams]
@@ -881,7 +883,9 @@ def _build_plan(
     window_source = "given" if window is not None else "server default"
     window = QUEUE_DELAY_DEFAULT if window is None else window
     if window < 0:
-        raise ValueError(f"{_named(names, 'max_queue_delay_s')}the queue delay must be >= 0 s; got {_d(window)} s")
+        raise ValueError(
+            f"{_named(names, 'max_queue_delay_s')}the queue delay: expected a time >= 0 s; got {_d(window)} s"
+        )
     warnings: list[str] = []
     # What the plan counts, in its steps and every message: CPUs for a batch time measured on the CPU.
     unit, unit_source = plan_unit(batch, unit, names)
@@ -927,7 +931,7 @@ def _build_plan(
     # -- the peak
     if peak_qps is not None:
         if peak_qps <= 0:
-            raise ValueError(f"{_named(names, 'peak_qps')}peak QPS must be > 0; got {_d(peak_qps)}")
+            raise ValueError(f"{_named(names, 'peak_qps')}peak QPS: expected a number > 0; got {_d(peak_qps)}")
         lam = peak_qps
         peak_in = {"source": "given", "peak_qps": _num(lam), "exact": _exact_str(lam)}
     elif burst is not None:

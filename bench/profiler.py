@@ -437,11 +437,11 @@ def parse_batch_sizes(spec: str) -> list[int]:
     from .arrivals import parse_steps
 
     try:
-        values = parse_steps(spec)
+        values = parse_steps(spec, noun="size")
     except ValueError as exc:
         # parse_steps speaks of QPS steps; the message that reaches the user names this option.
         detail = str(exc).split(": ", 1)[-1]
-        raise ValueError(f"--batch-sizes {quoted_name(spec)}: {detail.replace('each step', 'each size')}") from None
+        raise ValueError(f"--batch-sizes {quoted_name(spec)}: {detail}") from None
     if any(v != int(v) for v in values):
         raise ValueError(f"--batch-sizes: expected whole numbers; got {quoted_name(spec)}")
     return [int(v) for v in values]

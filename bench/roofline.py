@@ -41,11 +41,11 @@ def parse_rate(spec: str, what: str) -> float:
     m = _RATE.fullmatch(spec)
     if m is None:
         raise ValueError(
-            f"{what} {quoted_name(spec)}: expected a number with an optional SI prefix (e.g. '900G', '3.35T')"
+            f"{what}: expected a number with an optional SI prefix (e.g. '900G', '3.35T'); got {quoted_name(spec)}"
         )
     value = float(m.group(1)) * _PREFIX[m.group(2)]
     if not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{what} {quoted_name(spec)}: must be a finite number > 0")
+        raise ValueError(f"{what}: expected a finite number > 0; got {quoted_name(spec)}")
     return value
 
 

@@ -133,11 +133,11 @@ class RampConfig:
     def __post_init__(self) -> None:
         if self.start_at is not None:
             if not math.isfinite(self.start_at) or self.start_at <= 0:
-                raise ValueError(f"start_at must be a Unix time in seconds; got {self.start_at!r}")
+                raise ValueError(f"start_at: expected a Unix time in seconds (> 0); got {self.start_at!r}")
             if self.refine:
                 raise ValueError("start_at does not go with refine: bisection steps are one generator's own")
             if not 0 <= self.step_gap_s < 3600:
-                raise ValueError(f"step_gap_s must be in [0, 3600) seconds; got {self.step_gap_s!r}")
+                raise ValueError(f"step_gap_s: expected seconds in [0, 3600); got {self.step_gap_s!r}")
 
     @property
     def step_period_s(self) -> float:

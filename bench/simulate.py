@@ -93,22 +93,30 @@ class BatcherModel(CpuFields):
         for name, value in times.items():
             # An infinite batch time or delay would leave accepted requests without a completion time.
             if not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number of seconds; got {value}")
+                raise ValueError(f"{name}: expected a finite number of seconds; got {value}")
         if self.alpha_s < 0 or self.beta_s < 0 or self.alpha_s + self.beta_s <= 0:
-            raise ValueError(f"batch time α + β·n needs α, β ≥ 0 and α + β > 0; got α={self.alpha_s}, β={self.beta_s}")
-        if self.max_batch_size < 1 or self.instances < 1 or self.max_queue_size < 0 or self.max_queue_delay_s < 0:
             raise ValueError(
-                f"invalid batcher settings: max_batch_size={self.max_batch_size}, instances={self.instances}, "
-                f"max_queue_size={self.max_queue_size}, max_queue_delay_s={self.max_queue_delay_s}"
+                f"batch time α + β·n: expected α, β ≥ 0 and α + β > 0; got α={self.alpha_s}, β={self.beta_s}"
             )
+        for name, least in (("max_batch_size", 1), ("instances", 1), ("max_queue_size", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name}: expected an integer >= {least}; got {getattr(self, name)}")
+        if self.max_queue_delay_s < 0:
+            raise ValueError(f"max_queue_delay_s: expected a number of seconds >= 0; got {self.max_queue_delay_s}")
+        # NaN passed `min(times) <= 0` (and min() of (1.0, nan) is 1.0), inf a batch that never ends: a sample
+        # drawn as either left its requests without a completion time.
         for n, times in self.batch_samples:
-            if n < 1 or not times or min(times) <= 0:
-                raise ValueError(f"batch_samples: size {n} needs n ≥ 1 and positive times")
-        if self.overhead_samples_s and min(self.overhead_samples_s) < 0:
-            raise ValueError("overhead_samples_s must be ≥ 0")
+            if n < 1:
+                raise ValueError(f"batch_samples: expected sizes n ≥ 1; got {n}")
+            bad = next((t for t in times if not (math.isfinite(t) and t > 0)), None)
+            if not times or bad is not None:
+                raise ValueError(f"batch_samples: size {n}: expected finite times > 0 s; got {bad or 'none'}")
+        bad = next((t for t in self.overhead_samples_s if not (math.isfinite(t) and t >= 0)), None)
+        if bad is not None:
+            raise ValueError(f"overhead_samples_s: expected finite times ≥ 0 s; got {bad}")
         cpu = {k: getattr(self, k) for k in CPU_FIELDS}
         if any(not math.isfinite(v) or v < 0 for v in cpu.values()):
-            raise ValueError(f"the CPU stage's times and cores must be finite and ≥ 0; got {cpu}")
+            raise ValueError(f"the CPU stage's times and cores: expected finite numbers ≥ 0; got {cpu}")
 
     @property
     def staged(self) -> bool:
@@ -390,11 +398,11 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.step_duration_s) and self.step_duration_s > 0):
-            raise ValueError(f"step_duration_s must be finite and > 0; got {self.step_duration_s}")
+            raise ValueError(f"step_duration_s: expected a finite duration > 0 s; got {self.step_duration_s}")
         if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
-            raise ValueError(f"warmup_s must be finite and >= 0; got {self.warmup_s}")
+            raise ValueError(f"warmup_s: expected a finite duration >= 0 s; got {self.warmup_s}")
         if not (math.isfinite(self.slo_p99_ms) and self.slo_p99_ms > 0):
-            raise ValueError(f"slo_p99_ms must be finite and > 0; got {self.slo_p99_ms}")
+            raise ValueError(f"slo_p99_ms: expected a finite number > 0 (ms); got {self.slo_p99_ms}")
         if (refusal := integer_refusal("seed", self.seed, 0)) is not None:
             raise ValueError(refusal)
         seconds = self.warmup_s + self.step_duration_s
@@ -409,7 +417,7 @@ class SimConfig:
         expected = 0.0 if self._top is None else arrival_count(self._top[1], seconds)
         if expected > MAX_ARRIVALS_PER_STEP:
             raise ValueError(
-                f"steps x (warmup_s + step_duration_s) with arrival {self.arrival!r} must be <= "
+                f"steps x (warmup_s + step_duration_s) with arrival {self.arrival!r}: expected at most "
                 f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per step; got {expected:.3g}"
             )
 

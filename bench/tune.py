@@ -265,7 +265,7 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     # ≥ 0; a fit can come out with α below 0 (noise at small n), which the simulator cannot take, so
     # it is clamped to 0, T(n) = β·n, and the result warns (`warnings`).
     if beta < 0:
-        raise ValueError(f"{where}: fit.beta_s: β must be >= 0; got β={beta!r} s")
+        raise ValueError(f"{where}: fit.beta_s: β: expected a time >= 0 s; got {beta!r} s")
     # A profile written before `fit_linear` rounded such an α to 0 holds it as fitted (-4.3e-19 s): it is 0 as well,
     # judged against the smallest time the file measured (its samples, else its medians; none: only 0 is).
     measured = [t for _, _, times in samples for t in times] or [m for m in medians if m > 0]

@@ -710,9 +710,9 @@ class WorkerPool:
     ) -> None:
         balancer = pick_balancer(balancer, rpc, target)
         if balancer not in ("grpc", "wok"):
-            raise ValueError(f"balancer must be grpc or wok; got {balancer!r}")
+            raise ValueError(f"balancer: expected 'grpc' or 'wok'; got {balancer!r}")
         if rpc not in ("unary", "stream"):
-            raise ValueError(f"rpc must be unary or stream; got {rpc!r}")
+            raise ValueError(f"rpc: expected 'unary' or 'stream'; got {rpc!r}")
         if rpc == "stream" and (balancer != "grpc" or streams < 1):
             raise ValueError("rpc stream needs balancer grpc (one channel) and at least 1 stream per worker")
         if server_timing and (rpc != "unary" or balancer != "grpc"):

@@ -102,7 +102,7 @@ class AsyncClient:
     ) -> None:
         if balancer not in ("grpc", "wok"):
             shown = shown_value(balancer)
-            raise ValueError(f"balancer must be 'grpc' or 'wok'; got {shown}")
+            raise ValueError(f"balancer: expected 'grpc' or 'wok'; got {shown}")
         self._targets = target
         self._target: str | Sequence[str] = target
         self._target_lookup: concurrent.futures.Future[str] | None = None

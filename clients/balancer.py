@@ -230,14 +230,14 @@ def _positive(name: str, value: Any, finite: bool = False, zero: bool = False, u
     only if not `finite`); a `unit` other than seconds makes it a number of that unit, not a duration."""
     if not (_real(value) and (value >= 0 if zero else value > 0) and (not finite or math.isfinite(value))):
         what = f"{'a finite' if finite else 'a'} {'number' if unit else 'duration'} {'>=' if zero else '>'} 0"
-        raise ValueError(f"{name} must be {what} {unit or 'in seconds'}; got {shown_value(value)}")
+        raise ValueError(f"{name}: expected {what} {unit or 'in seconds'}; got {shown_value(value)}")
 
 
 def _not_below(name: str, value: float, other: str, bound: float) -> None:
     """ValueError if the cap `name` is below `other`: the cap was then every ejection's (or backoff's)
     length, `other` given and never used."""
     if value < bound:
-        raise ValueError(f"{name} must be >= {other} ({bound:g} s), as it caps it; got {value:g} s")
+        raise ValueError(f"{name}: expected a duration >= {other} ({bound:g} s), as it caps it; got {value:g} s")
 
 
 @dataclass(frozen=True)
@@ -288,21 +288,25 @@ class BalancerSettings:
 
     def __post_init__(self) -> None:
         if not (_whole(self.max_attempts) and self.max_attempts >= 1):
-            raise ValueError(f"max_attempts must be a whole number >= 1; got {shown_value(self.max_attempts)}")
+            raise ValueError(f"max_attempts: expected a whole number >= 1; got {shown_value(self.max_attempts)}")
         h = self.hedge_after
         # (Not infinite: None says no hedging; an infinite delay did it too, and no attempt was ever late.)
         if not (h is None or h == "auto" or (_real(h) and h > 0 and math.isfinite(h))):
             raise ValueError(
-                f"hedge_after must be a finite duration > 0 in seconds, 'auto' or None; got {shown_value(h)}"
+                f"hedge_after: expected a finite duration > 0 in seconds, 'auto' or None; got {shown_value(h)}"
             )
         if not (_real(self.hedge_quantile) and 0 < self.hedge_quantile < 1):
-            raise ValueError(f"hedge_quantile must be a number in (0, 1); got {shown_value(self.hedge_quantile)}")
+            raise ValueError(f"hedge_quantile: expected a number in (0, 1); got {shown_value(self.hedge_quantile)}")
         f = self.max_ejected_fraction
         if not (_real(f) and 0 <= f <= 1):
-            raise ValueError(f"max_ejected_fraction must be a number in [0, 1] (0: no ejection); got {shown_value(f)}")
+            raise ValueError(
+                f"max_ejected_fraction: expected a number in [0, 1] (0: no ejection); got {shown_value(f)}"
+            )
         k = self.consecutive_failures
         if not (_whole(k) and k >= 0):
-            raise ValueError(f"consecutive_failures must be a whole number >= 0 (0: no ejection); got {shown_value(k)}")
+            raise ValueError(
+                f"consecutive_failures: expected a whole number >= 0 (0: no ejection); got {shown_value(k)}"
+            )
         # Unchecked, NaN, a negative, infinity or a string passed here and failed at a call, or did
         # not fail: a NaN hedge_floor_s made the auto delay NaN once 64 answers came (a hedge wait of
         # max(0, NaN), 0 s), budget_tokens=inf refused every retry (inf is not > inf / 2).

@@ -87,7 +87,10 @@ TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns
             "--arrival: arrivals 'trace:{missing}': cannot read {missing}: No such file",
         ),
         (["--arrival", "trace:{tmp}"], "--arrival: arrivals 'trace:{tmp}': cannot read {tmp}: Is a directory"),
-        (["--arrival", "burst:t0=1s,sigma=0"], "--arrival: arrivals 'burst:t0=1s,sigma=0': burst sigma must be > 0 s"),
+        (
+            ["--arrival", "burst:t0=1s,sigma=0"],
+            "--arrival: arrivals 'burst:t0=1s,sigma=0': sigma: expected a duration > 0 s",
+        ),
         (["--steps", "1e9"], "at most 1e+08 arrivals per step; got 1.1e+09 expected at 1e+09 QPS over 1.1 s"),
         (["--steps", "1", "--arrival", "trace:{tiny}"], "with --arrival trace:{tiny}: at most 1e+08 arrivals per step"),
         (
@@ -101,6 +104,10 @@ TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns
         (["--slo-p99", "fast"], "--slo-p99: invalid duration 'fast'"),
         (["--step-gap", "soon"], "--step-gap: invalid duration 'soon'"),
         (["--steps", "50,fast"], "--steps: QPS steps '50,fast': 'fast' is not a number"),
+        (["--steps", "50,0"], "--steps: QPS steps '50,0': step 2: expected a number > 0; got 0"),
+        # An OverflowError traceback (stop / start is inf).
+        (["--steps", "1e-300:1e300:2"], "--steps: QPS range '1e-300:1e300:2': 1994 steps; at most 1000"),
+        (["--arrival", "burst:sigma=1e999s"], "--arrival: arrivals 'burst:sigma=1e999s': sigma: expected a finite"),
         (["--warmup", "1e400"], "--warmup: expected a finite duration or a percentage of --step-duration; got '1e400'"),
         (["--sizes", "fixed:x"], "--sizes: sizes 'fixed:x': expected fixed:N with N an integer >= 0; got 'x'"),
         (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),

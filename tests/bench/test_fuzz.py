@@ -208,16 +208,25 @@ def test_a_target_without_a_port_or_a_url_is_refused_before_fuzzing(target, mess
     """The target went to grpc as given: without a port it dialed 443, and a URL failed every input,
     each counted as the server's answer."""
     monkeypatch.setattr(fuzz, "run", lambda *a, **k: pytest.fail("fuzzed before refusing"))
-    assert fuzz.main(["--minutes", "0.01", "--target", target]) == 2
-    assert capsys.readouterr().err == f"wok fuzz: {message}\n"
+    with pytest.raises(SystemExit) as exc:
+        fuzz.main(["--minutes", "0.01", "--target", target])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.endswith(f"\npython -m wok.bench.fuzz: error: {message}\n")
 
 
 @pytest.mark.parametrize("minutes", ["0", "-1", "nan"])
 def test_minutes_not_above_0_are_refused_before_fuzzing(minutes, monkeypatch, capsys):
-    """It said "--minutes must be > 0" without the value, and NaN passed: no round fuzzed, exit 0."""
+    """It said "--minutes must be > 0" without the value, and NaN passed: no round fuzzed, exit 0. Refused with
+    the usage, as --json and the other scripts' values are (it printed "wok fuzz: ..." alone)."""
     monkeypatch.setattr(fuzz, "run", lambda *a, **k: pytest.fail("fuzzed before refusing"))
-    assert fuzz.main(["--minutes", minutes]) == 2
-    assert capsys.readouterr().err == f"wok fuzz: --minutes: expected a number > 0; got {float(minutes):g}\n"
+    with pytest.raises(SystemExit) as exc:
+        fuzz.main(["--minutes", minutes])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m wok.bench.fuzz "), err
+    assert err.endswith(
+        f"\npython -m wok.bench.fuzz: error: --minutes: expected a number > 0; got {float(minutes):g}\n"
+    )
 
 
 @pytest.mark.parametrize("target", ["127.0.0.1:8001", "[::1]:8001", "dns:///wok.example:8001"])

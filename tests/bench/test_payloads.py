@@ -196,7 +196,7 @@ def test_empirical_refuses_a_value_that_is_not_a_size_and_names_it(values, got):
     # It said "empirical sizes must be integers >= 0" and no more.
     with pytest.raises(ValueError) as info:
         Empirical(values)
-    assert str(info.value) == f"empirical sizes must be integers 0 <= n < 2**63; got {got}"
+    assert str(info.value) == f"empirical sizes: expected integers 0 <= n < 2**63; got {got}"
 
 
 def test_an_empirical_sizes_file_of_a_size_past_int64_names_the_line(tmp_path):
@@ -313,7 +313,7 @@ def test_parse_sizes():
         ),
         (
             "lognormal:median=300,sigma=1,max=256",
-            "sizes 'lognormal:median=300,sigma=1,max=256': lognormal median 300 is above max 256",
+            "sizes 'lognormal:median=300,sigma=1,max=256': lognormal median: expected at most max 256; got 300",
         ),
     ],
 )
@@ -392,7 +392,7 @@ def test_mix_proportions_follow_the_weights():
 
 def test_mix_rejects_bad_weights():
     gen = PayloadGenerator("mlp", DEMO_SPECS["mlp"])
-    with pytest.raises(ValueError, match="mix weights must be >= 0 with a positive sum"):
+    with pytest.raises(ValueError, match="mix weights: expected finite numbers >= 0 with a sum > 0"):
         Mix([(gen, 0.0)])
 
 
@@ -423,8 +423,8 @@ def test_parse_mix_errors(spec, message):
 @pytest.mark.parametrize(
     ("parse", "spec", "refusal"),
     [
-        (parse_sizes, "lognormal:median=٢٠,sigma=0.8,max=256", "lognormal median and sigma must be numbers"),
-        (parse_sizes, "lognormal:median=20,sigma=０.８,max=256", "lognormal median and sigma must be numbers"),
+        (parse_sizes, "lognormal:median=٢٠,sigma=0.8,max=256", "lognormal median: expected a number; got '٢٠'"),
+        (parse_sizes, "lognormal:median=20,sigma=０.８,max=256", "lognormal sigma: expected a number; got '０.８'"),
         (parse_mix, "mlp:٢,recsys:1", "weight '٢' of 'mlp' is not a number > 0"),
     ],
     ids=["median", "sigma", "mix-weight"],
@@ -444,7 +444,7 @@ def test_numbers_in_digits_other_than_ascii_are_refused(parse, spec, refusal):
         ),
         (
             "n,size\u200b",
-            "column 2, 'size\\u200b': expected printable characters alone, got U+200B ZERO WIDTH SPACE (category Cf)",
+            "column 2, 'size\\u200b': expected printable characters alone; got U+200B ZERO WIDTH SPACE (category Cf)",
         ),
         ("n,Size", "column 2, 'Size': expected 'size', in that case: names are matched case included"),
         (

@@ -128,9 +128,9 @@ def test_a_negative_alpha_is_taken_as_zero_with_a_warning_as_tune_takes_it():
     ]
     # However negative α is, T = β·n stands; only β·n = 0 is refused.
     assert batch_from_alpha_beta(F(-1, 10), F(1, 1000), F(16)).t_batch_s == F(16, 1000)
-    with pytest.raises(ValueError, match="T_batch must be > 0"):
+    with pytest.raises(ValueError, match="T_batch: expected a time > 0"):
         batch_from_alpha_beta(F(-1, 10), F(0), F(16))
-    with pytest.raises(ValueError, match="β must be >= 0"):
+    with pytest.raises(ValueError, match="β: expected a time >= 0 s"):
         batch_from_alpha_beta(F(1, 1000), F(-1, 1000), F(16))
     assert (
         make(peak_qps=F(5000), batch=batch_from_alpha_beta(F(1, 1000), F(1, 1000), F(16)))["inputs"]["batch"][
@@ -149,14 +149,20 @@ OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
     [
         (
             lambda **n: make(peak_qps=F(5000), target_util=F(3, 2), **n),
-            r"target utilization must be in \(0, 1\]; got 1\.5",
+            r"target utilization: expected a number in \(0, 1\]; got 1\.5",
         ),
-        (lambda **n: make(peak_qps=F(0), **n), "peak QPS must be > 0; got 0"),
+        (lambda **n: make(peak_qps=F(0), **n), "peak QPS: expected a number > 0; got 0"),
         (lambda **n: make(peak_qps=F(5000), redundancy=-1, **n), "redundancy k: expected an integer >= 0; got -1"),
-        (lambda **n: batch_given(F(0), F(16), **n), "T_batch must be > 0 s; got 0 s"),
-        (lambda **n: batch_given(F(1, 50), F(0), **n), "the batch size n must be > 0; got 0"),
-        (lambda **n: batch_from_alpha_beta(F(1, 1000), F(-1, 10000), F(16), **n), "β must be >= 0; got β=-0.0001 s"),
-        (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(sustain_s=F(7200)), **n), "sustain must be"),
+        (lambda **n: batch_given(F(0), F(16), **n), "T_batch: expected a time > 0 s; got 0 s"),
+        (lambda **n: batch_given(F(1, 50), F(0), **n), "the batch size n: expected a number > 0; got 0"),
+        (
+            lambda **n: batch_from_alpha_beta(F(1, 1000), F(-1, 10000), F(16), **n),
+            "β: expected a time >= 0 s; got -0.0001 s",
+        ),
+        (
+            lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(sustain_s=F(7200)), **n),
+            "sustain: expected whole seconds",
+        ),
         (
             lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=0), **n),
             "max replicas: expected an integer from 1 to",
@@ -164,21 +170,21 @@ OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
         (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=10), **n), "max replicas 10 is below"),
         (
             lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_in_below=F(8, 10)), **n),
-            "the scale-in threshold must be > 0 and below the scale-out threshold 0.7; got 0.8",
+            "the scale-in threshold: expected a number > 0 below the scale-out threshold 0.7; got 0.8",
         ),
         (
             lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(3, 2)), **n),
-            r"the scale-out threshold must be in \(0, 1\): .* is at most 1, so the autoscaler would never scale out; "
-            r"got 1\.5$",
+            r"the scale-out threshold: expected a number in \(0, 1\): .* is at most 1, so the autoscaler would never "
+            r"scale out; got 1\.5$",
         ),
         (
             lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(1)), **n),
-            r"the scale-out threshold must be in \(0, 1\): a pod's busy ratio, .* is at most 1, so the autoscaler "
-            r"would never scale out; got 1$",
+            r"the scale-out threshold: expected a number in \(0, 1\): a pod's busy ratio, .* is at most 1, so the "
+            r"autoscaler would never scale out; got 1$",
         ),
         (
             lambda **n: make(peak_qps=F(5000), max_queue_delay_s=F(-1, 1000), **n),
-            r"the queue delay must be >= 0 s; got -0\.001 s$",
+            r"the queue delay: expected a time >= 0 s; got -0\.001 s$",
         ),
         # Named no option ("deployment 'Wok' is not ..."); a Prometheus URL was not checked at all: "" or a
         # host without its scheme went into KEDA's serverAddress as given.
@@ -227,12 +233,13 @@ def test_a_negative_beta_in_a_profile_names_the_file_and_the_field(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
     with pytest.raises(
-        ValueError, match=rf"^--profile {re.escape(str(path))}: fit\.beta_s: β must be >= 0; got β=-0\.0001 s$"
+        ValueError, match=rf"^--profile {re.escape(str(path))}: fit\.beta_s: β: expected a time >= 0 s; got -0\.0001 s$"
     ):
         plan.batch_from_profile(path, F(16), names=OPTIONS)
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": -0.1, "beta_s": 0}}))
     with pytest.raises(
-        ValueError, match=rf"^--profile {re.escape(str(path))}: fit\.alpha_s \+ fit\.beta_s × n: T_batch must be > 0 s"
+        ValueError,
+        match=rf"^--profile {re.escape(str(path))}: fit\.alpha_s \+ fit\.beta_s × n: T_batch: expected a time > 0 s",
     ):
         plan.batch_from_profile(path, F(16))
 
@@ -958,9 +965,9 @@ def test_a_scale_out_threshold_no_busy_ratio_exceeds_is_refused(wok_cli):
                                "--scale-out-above", "1")  # fmt: skip
     assert (status, out) == (2, "")
     assert err == (
-        "wok plan: --scale-out-above: the scale-out threshold must be in (0, 1): a pod's busy ratio, the seconds "
-        "per second its model instance spends running batches, is at most 1, so the autoscaler would never scale "
-        "out; got 1\n"
+        "wok plan: --scale-out-above: the scale-out threshold: expected a number in (0, 1): a pod's busy ratio, the "
+        "seconds per second its model instance spends running batches, is at most 1, so the autoscaler would never "
+        "scale out; got 1\n"
     )
 
 
@@ -1352,13 +1359,13 @@ def test_a_plan_holding_a_lone_surrogate_is_written_escaped_and_reads_back_equal
     [
         (
             ["--peak-qps", "5000", "--target-util", "1.5"],
-            "--target-util: target utilization must be in (0, 1]; got 1.5",
+            "--target-util: target utilization: expected a number in (0, 1]; got 1.5",
         ),
-        (["--peak-qps", "0"], "--peak-qps: peak QPS must be > 0; got 0"),
-        (["--peak-qps", "5000", "--t-batch", "0ms"], "--t-batch: T_batch must be > 0 s; got 0 s"),
-        (["--peak-qps", "5000", "--batch-size", "0"], "--batch-size: the batch size n must be > 0; got 0"),
+        (["--peak-qps", "0"], "--peak-qps: peak QPS: expected a number > 0; got 0"),
+        (["--peak-qps", "5000", "--t-batch", "0ms"], "--t-batch: T_batch: expected a time > 0 s; got 0 s"),
+        (["--peak-qps", "5000", "--batch-size", "0"], "--batch-size: the batch size n: expected a number > 0; got 0"),
         (["--peak-qps", "5000", "--redundancy", "-1"], "--redundancy: redundancy k: expected an integer >= 0; got -1"),
-        (["--peak-qps", "5000", "--sustain", "2h"], "--sustain: sustain must be whole seconds"),
+        (["--peak-qps", "5000", "--sustain", "2h"], "--sustain: sustain: expected whole seconds"),
         (
             ["--peak-qps", "5000", "--max-replicas", "0"],
             "--max-replicas: max replicas: expected an integer from 1 to 2147483647 (the autoscalers' replica "
@@ -1366,7 +1373,10 @@ def test_a_plan_holding_a_lone_surrogate_is_written_escaped_and_reads_back_equal
         ),
         (["--peak-qps", "5000", "--max-replicas", "3"], "--max-replicas: max replicas 3 is below"),
         (["--peak-qps", "5000", "--scale-out-above", "1.5"], "--scale-out-above: the scale-out threshold"),
-        (["--peak-qps", "5000", "--scale-in-below", "0.8"], "--scale-in-below: the scale-in threshold must be > 0"),
+        (
+            ["--peak-qps", "5000", "--scale-in-below", "0.8"],
+            "--scale-in-below: the scale-in threshold: expected a number > 0",
+        ),
         (["--peak-qps", "5000", "--scale-in-below", "0.00003"], "= 0.00007: below that the HPA"),
     ],
 )
@@ -1383,11 +1393,15 @@ def test_the_cli_names_the_option_a_range_error_is_about(argv, message, capsys):
 def test_the_cli_names_alpha_beta_and_the_profiles_field(tmp_path, capsys):
     argv = ["plan", "--peak-qps", "5000", "--alpha", "0ms", "--beta", "0ms", "--batch-size", "16"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.startswith("wok plan: --alpha + --beta × --batch-size: T_batch must be > 0 s")
+    assert capsys.readouterr().err.startswith(
+        "wok plan: --alpha + --beta × --batch-size: T_batch: expected a time > 0 s"
+    )
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
     assert main(["plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "16"]) == 2
-    assert capsys.readouterr().err == f"wok plan: --profile {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n"
+    assert (
+        capsys.readouterr().err == f"wok plan: --profile {path}: fit.beta_s: β: expected a time >= 0 s; got -0.0001 s\n"
+    )
 
 
 # ---------------------------------------------------------------------------- a new operator's review
@@ -1531,11 +1545,11 @@ def test_one_gpu_or_replica_is_singular_in_the_views():
 def test_a_batch_size_below_one_request_is_refused(capsys):
     # n is the mean requests per batch and a batch holds one or more: n = 0.5 planned
     # ⌈5000 × 0.02 / (0.5 × 0.65)⌉ = ⌈307.7⌉ = 308 GPUs for the 10 of n = 16, without a word.
-    with pytest.raises(ValueError, match=r"^the batch size n must be at least 1 .*; got 0\.5$"):
+    with pytest.raises(ValueError, match=r"^the batch size n: expected at least 1 .*; got 0\.5$"):
         given("20ms", "0.5")
     assert given("20ms", "1").batch_size == 1
     assert main(["plan", "--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "0.5"]) == 2
-    assert capsys.readouterr().err.startswith("wok plan: --batch-size: the batch size n must be at least 1")
+    assert capsys.readouterr().err.startswith("wok plan: --batch-size: the batch size n: expected at least 1")
 
 
 def test_a_ramp_whose_requests_per_batch_are_below_one_is_refused(tmp_path):
@@ -1543,7 +1557,7 @@ def test_a_ramp_whose_requests_per_batch_are_below_one_is_refused(tmp_path):
     doc = json.loads(_ramp(tmp_path).read_text())
     doc["steps"][1]["server"] = {"requests": 100, "batches": 1000}
     (tmp_path / "few.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="the batch size n must be at least 1"):
+    with pytest.raises(ValueError, match="the batch size n: expected at least 1"):
         plan.batch_from_ramp(tmp_path / "few.json")
 
 

@@ -848,7 +848,7 @@ def test_micro_benchmarks_report_what_they_timed():
 def test_rates_parse_with_si_prefixes():
     assert parse_rate("900G", "x") == 9e11
     assert parse_rate("3.35T", "x") == pytest.approx(3.35e12)
-    with pytest.raises(ValueError, match="must be a finite number > 0"):
+    with pytest.raises(ValueError, match=r"^--peak-flops: expected a finite number > 0; got '1e400'$"):
         parse_rate("1e400", "--peak-flops")  # inf: the ridge and the verdicts would be nonsense
     assert parse_rate("2.5e12", "x") == 2.5e12
     for bad in ("fast", "0", "1Q"):
@@ -949,9 +949,12 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
     [
         (["profile", "mlp", "--batch-sizes", "16,64"], "exceed model 'mlp''s max_batch_size"),
         (["profile", "mlp", "--batch-sizes", "1,2.5"], "--batch-sizes: expected whole numbers; got '1,2.5'"),
-        (["profile", "mlp", "--batch-sizes", "0,4"], "--batch-sizes '0,4': each size must be > 0"),
+        (["profile", "mlp", "--batch-sizes", "0,4"], "--batch-sizes '0,4': size 1: expected a number > 0; got 0"),
         (["profile", "mlp", "--batch-sizes", "1,x"], "--batch-sizes '1,x': 'x' is not a number"),
-        (["profile", "mlp", "--peak-flops", "lots"], "--peak-flops 'lots'"),
+        (
+            ["profile", "mlp", "--peak-flops", "lots"],
+            "--peak-flops: expected a number with an optional SI prefix (e.g. '900G', '3.35T'); got 'lots'",
+        ),
         (["profile", "nope"], "unknown demo model"),
         (["profile", "mlp", "--device", "tpu"], f"--device: expected {DEVICE_FORMS}, got 'tpu'"),
         # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.

@@ -963,11 +963,11 @@ def test_start_at_refuses_a_generator_that_arrives_after_the_warm_up(bench_serve
 
 def test_start_at_settings_are_checked():
     base = dict(target="x:1", models=[("mlp", 1.0)], steps=[1], step_duration_s=1.0)
-    with pytest.raises(ValueError, match="start_at must be a Unix time in seconds; got -1"):
+    with pytest.raises(ValueError, match=r"start_at: expected a Unix time in seconds \(> 0\); got -1"):
         RampConfig(**base, start_at=-1)
     with pytest.raises(ValueError, match="start_at does not go with refine"):
         RampConfig(**base, start_at=time.time(), refine=2)
-    with pytest.raises(ValueError, match=r"step_gap_s must be in \[0, 3600\) seconds; got -1"):
+    with pytest.raises(ValueError, match=r"step_gap_s: expected seconds in \[0, 3600\); got -1"):
         RampConfig(**base, start_at=time.time(), step_gap_s=-1)
 
 

@@ -82,7 +82,7 @@ def test_a_step_is_capped_by_its_arrival_process_own_count_before_simulating(
 
 def test_the_library_caps_a_step_by_its_arrival_process_too(tmp_path):
     model = BatcherModel(alpha_s=0.0, beta_s=1e-3, max_batch_size=1, max_queue_delay_s=0.0)
-    with pytest.raises(ValueError, match=r"with arrival 'burst:amplitude=1e12,sigma=1ms' must be <= 1e\+08"):
+    with pytest.raises(ValueError, match=r"with arrival 'burst:amplitude=1e12,sigma=1ms': expected at most 1e\+08"):
         SimConfig(model=model, steps=[10.0], step_duration_s=1.0, arrival="burst:amplitude=1e12,sigma=1ms")
     # Nor the same bump beyond the window: what is in it counts, 10 QPS × 1 s.
     SimConfig(model=model, steps=[10.0], step_duration_s=1.0, arrival="burst:amplitude=1e12,t0=100s,sigma=1ms")
@@ -105,8 +105,33 @@ def test_a_missing_trace_file_is_refused_as_the_arrival_options(tmp_path, capsys
 @pytest.mark.parametrize("field", ["alpha_s", "beta_s", "max_queue_delay_s"])
 def test_the_model_needs_finite_times(field):
     base = {"alpha_s": 1e-3, "beta_s": 1e-3, "max_batch_size": 1, "max_queue_delay_s": 0.0}
-    with pytest.raises(ValueError, match=f"{field} must be a finite number of seconds; got inf"):
+    with pytest.raises(ValueError, match=f"{field}: expected a finite number of seconds; got inf"):
         BatcherModel(**{**base, field: math.inf})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        # NaN passed `min(times) <= 0` (min() of (1.0, nan) is 1.0, of (nan, 1.0) nan), inf a batch that never ends.
+        ("batch_samples", ((4, (1e-3, math.nan)),), "batch_samples: size 4: expected finite times > 0 s; got nan"),
+        ("batch_samples", ((4, (math.nan, 1e-3)),), "batch_samples: size 4: expected finite times > 0 s; got nan"),
+        ("batch_samples", ((4, (math.inf,)),), "batch_samples: size 4: expected finite times > 0 s; got inf"),
+        ("batch_samples", ((4, ()),), "batch_samples: size 4: expected finite times > 0 s; got none"),
+        ("batch_samples", ((0, (1e-3,)),), "batch_samples: expected sizes n ≥ 1; got 0"),
+        ("overhead_samples_s", (1e-4, math.nan), "overhead_samples_s: expected finite times ≥ 0 s; got nan"),
+        ("overhead_samples_s", (math.inf,), "overhead_samples_s: expected finite times ≥ 0 s; got inf"),
+        ("overhead_samples_s", (-1e-4,), "overhead_samples_s: expected finite times ≥ 0 s; got -0.0001"),
+        ("max_batch_size", 0, "max_batch_size: expected an integer >= 1; got 0"),
+        ("instances", 0, "instances: expected an integer >= 1; got 0"),
+        ("max_queue_size", -1, "max_queue_size: expected an integer >= 0; got -1"),
+        ("max_queue_delay_s", -1e-3, "max_queue_delay_s: expected a number of seconds >= 0; got -0.001"),
+    ],
+)
+def test_the_model_refuses_each_bad_field_by_name(field, value, message):
+    base = {"alpha_s": 1e-3, "beta_s": 1e-3, "max_batch_size": 4, "max_queue_delay_s": 0.0}
+    with pytest.raises(ValueError) as info:
+        BatcherModel(**{**base, field: value})
+    assert str(info.value) == message
 
 
 def test_a_step_is_capped_at_max_arrivals_and_needs_a_window():
@@ -116,9 +141,9 @@ def test_a_step_is_capped_at_max_arrivals_and_needs_a_window():
     # 10⁶ QPS over 90 + 10 s is exactly the cap; a hair more is not.
     assert MAX_ARRIVALS_PER_STEP == 1e8
     SimConfig(model=model, steps=[1e3, 1e6], step_duration_s=90.0, warmup_s=10.0)
-    with pytest.raises(ValueError, match=r"<= 1e\+08 arrivals per step; got 1e\+08"):
+    with pytest.raises(ValueError, match=r": expected at most 1e\+08 arrivals per step; got 1e\+08"):
         SimConfig(model=model, steps=[1.001e6], step_duration_s=90.0, warmup_s=10.0)
-    with pytest.raises(ValueError, match=r"step_duration_s must be finite and > 0; got 0\.0"):
+    with pytest.raises(ValueError, match=r"step_duration_s: expected a finite duration > 0 s; got 0\.0"):
         SimConfig(model=model, steps=[1.0], step_duration_s=0.0)
 
 

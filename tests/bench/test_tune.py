@@ -836,7 +836,7 @@ def test_a_negative_alpha_is_clamped_with_a_warning_and_a_negative_beta_refused_
     doc = {"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": -1e-4}}
     with pytest.raises(ValueError) as refused:
         profile_from_document(doc, "p.json")
-    assert str(refused.value) == "p.json: fit.beta_s: β must be >= 0; got β=-0.0001 s"
+    assert str(refused.value) == "p.json: fit.beta_s: β: expected a time >= 0 s; got -0.0001 s"
     for bad, shown in ((float("nan"), "nan"), (float("inf"), "inf")):
         with pytest.raises(ValueError) as refused:
             profile_from_document({"schema": "wok.profile/1", "fit": {"alpha_s": bad, "beta_s": 1e-4}}, "p.json")

@@ -198,7 +198,7 @@ def test_a_profile_the_model_refuses_is_named_as_the_profile(tmp_path, measured,
     status = _main(_argv(tmp_path, "--profile", str(path), "--no-cpu-stage"))
     err = capsys.readouterr().err
     assert (status, measured) == (2, []), err[-2000:]
-    assert "error: --profile: batch time α + β·n needs α, β ≥ 0 and α + β > 0" in err, err
+    assert "error: --profile: batch time α + β·n: expected α, β ≥ 0 and α + β > 0" in err, err
     assert "error: --arrival" not in err, err
     # Batch times of 0 s are refused as the profile's, in its field, when it is read.
     path.write_text(json.dumps(tune.profile_document({1: [0.0] * 5, 8: [0.0] * 5}, "test", model="mlp")))

@@ -194,7 +194,7 @@ def test_a_profile_with_a_negative_beta_is_refused_as_wok_plan_refuses_it(tmp_pa
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
     status, _, err = wok_cli("tune", "--slo-p99", "20ms", "--profile", str(path))
-    assert (status, err) == (2, f"wok tune: --profile {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n")
+    assert (status, err) == (2, f"wok tune: --profile {path}: fit.beta_s: β: expected a time >= 0 s; got -0.0001 s\n")
 
 
 # A valid search of one setting, to which each case below adds one bad option.

@@ -1604,7 +1604,7 @@ async def test_a_lookup_that_never_answers_is_bounded_and_the_other_names_follow
     the target; after it the lookup is left running (as a thread's would be: see the next test but
     one), logged once, its name keeps its replicas and the other name follows its own."""
     for bad in (0, -1, float("nan"), float("inf"), "1", None, True):
-        with pytest.raises(ValueError, match=r"^resolve_timeout_s must be a finite duration > 0 in seconds; got "):
+        with pytest.raises(ValueError, match=r"^resolve_timeout_s: expected a finite duration > 0 in seconds; got "):
             BalancerSettings(resolve_timeout_s=bad)
     async with stub("a") as a, stub("b") as b, stub("c") as c:
         lookups = Lookups({"svc-a": [a.target], "svc-b": [b.target]})
@@ -1681,18 +1681,18 @@ async def test_settings_and_answers_are_refused_naming_the_value_as_names_are():
     escaped, cut); one message named three settings and no value. A target or a resolver's answer
     is shown the same way, and an answer of many addresses is cut: 10,000 made a 200 KB message."""
     refusals = {
-        "resolve_every_s": (0, "resolve_every_s must be a duration > 0 in seconds; got 0"),
-        "base_ejection_s": (-1.0, "base_ejection_s must be a finite duration > 0 in seconds; got -1.0"),
-        "consecutive_failures": ("5", "consecutive_failures must be a whole number >= 0 (0: no ejection); got '5'"),
-        "max_attempts": (1.5, "max_attempts must be a whole number >= 1; got 1.5"),
+        "resolve_every_s": (0, "resolve_every_s: expected a duration > 0 in seconds; got 0"),
+        "base_ejection_s": (-1.0, "base_ejection_s: expected a finite duration > 0 in seconds; got -1.0"),
+        "consecutive_failures": ("5", "consecutive_failures: expected a whole number >= 0 (0: no ejection); got '5'"),
+        "max_attempts": (1.5, "max_attempts: expected a whole number >= 1; got 1.5"),
         "max_ejected_fraction": (
             "half",
-            "max_ejected_fraction must be a number in [0, 1] (0: no ejection); got 'half'",
+            "max_ejected_fraction: expected a number in [0, 1] (0: no ejection); got 'half'",
         ),
-        "hedge_quantile": (1, "hedge_quantile must be a number in (0, 1); got 1"),
+        "hedge_quantile": (1, "hedge_quantile: expected a number in (0, 1); got 1"),
         "hedge_after": (
             "x\n" * 200,
-            "hedge_after must be a finite duration > 0 in seconds, 'auto' or None; got 'x\\nx\\n",
+            "hedge_after: expected a finite duration > 0 in seconds, 'auto' or None; got 'x\\nx\\n",
         ),
     }
     for name, (value, message) in refusals.items():
@@ -1726,27 +1726,31 @@ def test_every_setting_is_checked_at_construction_naming_it_what_it_takes_and_th
     hedged, what None says). A cap below what it caps (max_ejection_s < base_ejection_s, max_backoff_s
     < backoff_s) made every ejection or backoff the cap's length, the other setting given for nothing.
     The counts take ints only, as a wok config's do: 2.0 is a slip."""
-    duration = "must be a finite duration > 0 in seconds; got "
+    duration = ": expected a finite duration > 0 in seconds; got "
     refusals = [
-        ("hedge_floor_s", math.nan, "hedge_floor_s must be a finite duration >= 0 in seconds; got nan"),
-        ("hedge_floor_s", -0.01, "hedge_floor_s must be a finite duration >= 0 in seconds; got -0.01"),
-        ("hedge_initial_s", 0, "hedge_initial_s " + duration + "0"),
-        ("hedge_initial_s", "0.1", "hedge_initial_s " + duration + "'0.1'"),
-        ("hedge_after", math.inf, "hedge_after must be a finite duration > 0 in seconds, 'auto' or None; got inf"),
-        ("budget_tokens", math.inf, "budget_tokens must be a finite number > 0 (tokens); got inf"),
-        ("budget_tokens", 0, "budget_tokens must be a finite number > 0 (tokens); got 0"),
-        ("budget_ratio", math.nan, "budget_ratio must be a finite number > 0 (tokens given back per OK call); got nan"),
-        ("budget_ratio", -0.1, "budget_ratio must be a finite number > 0 (tokens given back per OK call); got -0.1"),
-        ("base_ejection_s", math.inf, "base_ejection_s " + duration + "inf"),
-        ("max_ejection_s", math.inf, "max_ejection_s " + duration + "inf"),
-        ("max_ejection_s", True, "max_ejection_s " + duration + "True"),
-        ("max_ejection_s", 1, "max_ejection_s must be >= base_ejection_s (2 s), as it caps it; got 1 s"),
-        ("backoff_s", -0.05, "backoff_s " + duration + "-0.05"),
-        ("backoff_s", 2, "max_backoff_s must be >= backoff_s (2 s), as it caps it; got 1 s"),
-        ("max_backoff_s", math.nan, "max_backoff_s " + duration + "nan"),
-        ("max_backoff_s", None, "max_backoff_s " + duration + "None"),
-        ("max_attempts", 2.0, "max_attempts must be a whole number >= 1; got 2.0"),
-        ("consecutive_failures", 5.0, "consecutive_failures must be a whole number >= 0 (0: no ejection); got 5.0"),
+        ("hedge_floor_s", math.nan, "hedge_floor_s: expected a finite duration >= 0 in seconds; got nan"),
+        ("hedge_floor_s", -0.01, "hedge_floor_s: expected a finite duration >= 0 in seconds; got -0.01"),
+        ("hedge_initial_s", 0, "hedge_initial_s" + duration + "0"),
+        ("hedge_initial_s", "0.1", "hedge_initial_s" + duration + "'0.1'"),
+        ("hedge_after", math.inf, "hedge_after: expected a finite duration > 0 in seconds, 'auto' or None; got inf"),
+        ("budget_tokens", math.inf, "budget_tokens: expected a finite number > 0 (tokens); got inf"),
+        ("budget_tokens", 0, "budget_tokens: expected a finite number > 0 (tokens); got 0"),
+        (
+            "budget_ratio",
+            math.nan,
+            "budget_ratio: expected a finite number > 0 (tokens given back per OK call); got nan",
+        ),
+        ("budget_ratio", -0.1, "budget_ratio: expected a finite number > 0 (tokens given back per OK call); got -0.1"),
+        ("base_ejection_s", math.inf, "base_ejection_s" + duration + "inf"),
+        ("max_ejection_s", math.inf, "max_ejection_s" + duration + "inf"),
+        ("max_ejection_s", True, "max_ejection_s" + duration + "True"),
+        ("max_ejection_s", 1, "max_ejection_s: expected a duration >= base_ejection_s (2 s), as it caps it; got 1 s"),
+        ("backoff_s", -0.05, "backoff_s" + duration + "-0.05"),
+        ("backoff_s", 2, "max_backoff_s: expected a duration >= backoff_s (2 s), as it caps it; got 1 s"),
+        ("max_backoff_s", math.nan, "max_backoff_s" + duration + "nan"),
+        ("max_backoff_s", None, "max_backoff_s" + duration + "None"),
+        ("max_attempts", 2.0, "max_attempts: expected a whole number >= 1; got 2.0"),
+        ("consecutive_failures", 5.0, "consecutive_failures: expected a whole number >= 0 (0: no ejection); got 5.0"),
     ]
     for name, value, message in refusals:
         with pytest.raises(ValueError) as err:

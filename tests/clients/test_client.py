@@ -605,10 +605,10 @@ def test_stream_ids_show_a_callers_id_cut_as_names_are():
 async def test_a_refused_argument_is_shown_quoted_and_cut_as_names_are():
     with pytest.raises(ValueError) as info:
         AsyncClient("127.0.0.1:1", balancer="it's")
-    assert str(info.value) == "balancer must be 'grpc' or 'wok'; got 'it's'"
+    assert str(info.value) == "balancer: expected 'grpc' or 'wok'; got 'it's'"
     with pytest.raises(ValueError) as info:
         AsyncClient("127.0.0.1:1", balancer=None)
-    assert str(info.value) == "balancer must be 'grpc' or 'wok'; got None"
+    assert str(info.value) == "balancer: expected 'grpc' or 'wok'; got None"
     with pytest.raises(ValueError) as info:
         channel_target(["127.0.0.1:1", "it's"])
     assert str(info.value) == "target 'it's': with several targets each must be host:port or [ipv6]:port"
