@@ -630,6 +630,17 @@ def keyed_pool(
 Progress = Callable[[int], None]  # called with the number of batches just run
 
 
+class BatchFailed(Exception):
+    """A batch of `size` requests the model failed in `time_batches` (`warmup`: one of the untimed batches first).
+    `error`: the executor's (a batch of 1's as raised; a larger one's first, its requests then rerun in parts, as the
+    server reruns them); `answered`: each of its requests was answered rerun in smaller parts, so that its size failed
+    it, not its requests (a workspace that grows with the batch, memory for the largest batch alone)."""
+
+    def __init__(self, error: ModelExecutionError | InvalidInput, size: int, warmup: bool, answered: bool) -> None:
+        super().__init__(str(error))
+        self.error, self.size, self.warmup, self.answered = error, size, warmup, answered
+
+
 class BatchTimes(dict):
     """`time_batches`' per-size times, and `cpu_linear`: how the instance ran the model's linear layers."""
 
@@ -653,23 +664,32 @@ def time_batches(
 
     plans = {n: pool.plan(rng, n, cfg.repeats) for n in sizes}
 
-    def run(n: int, key: Hashable | None = None) -> tuple[list[int], object]:
+    def run(n: int, warmup: bool, key: Hashable | None = None) -> tuple[list[int], object]:
         batch = pool.batch(rng, n, key)
-        return batch, instance.submit([pool.requests[i] for i in batch], [1] * n, 0).result()
+        try:
+            r = instance.submit([pool.requests[i] for i in batch], [1] * n, 0).result()
+        except (ModelExecutionError, InvalidInput) as exc:  # a batch of 1, which the executor does not rerun
+            raise BatchFailed(exc, n, warmup, answered=False) from exc
+        if r.failure is not None:
+            # The executor reran the failed batch in parts, as it does for the server's callers, and its time was the
+            # reruns': no batch's. A warm-up batch with a request that failed alone too: its requests are drawn as the
+            # timed ones are, and let pass, the refusal hung on whether the timed batches drew such a request. One
+            # whose every request was answered in parts failed for its size, which the timed batches of that size
+            # meet again unless it was the model's first such batch, which the warm-up is for.
+            answered = not any(isinstance(o, BaseException) for o in r.outputs)
+            if not (warmup and answered):
+                raise BatchFailed(r.failure, n, warmup, answered)
+        return batch, r
 
     try:
         for _ in range(cfg.warmup):
             for n in sizes:
-                run(n)
+                run(n, warmup=True)
                 if progress:
                     progress(1)
         for repeat in range(cfg.repeats):
             for n in sizes:
-                batch, r = run(n, None if plans[n] is None else plans[n][repeat])
-                if r.failure is not None:
-                    # The executor reran the failed batch in parts, as it does for the server's callers, and its
-                    # time was the reruns': the model failed these inputs, whose time is no batch's.
-                    raise r.failure
+                batch, r = run(n, False, None if plans[n] is None else plans[n][repeat])
                 out[n]["requests"].append(batch)
                 out[n]["batch"].append(r.finished - r.started)
                 for k in STAGES:
@@ -687,7 +707,7 @@ def _inputs_refused(
     servable: Servable,
     cfg: ProfileConfig,
     drawn_below: tuple[int, Mapping[str, int], Mapping[str, int]],
-    exc: WokError,
+    exc: WokError | str,
 ) -> str:
     """The refusal of a profile whose inputs, made for it, the model failed or the server would refuse (ids past a
     table, a sequence longer than it takes): the options that made them are the error, not a traceback.
@@ -729,6 +749,37 @@ def _served(servable: Servable, exc: WokError, where: str) -> WokError:
     as the profile refuses the inputs for it: with the model named, which a model's own check or assemble need not
     name, and the status the request would get (its `code`)."""
     return type(exc)(f"served, model '{servable.name}' answers such a request {exc.code.name} {where}: {exc}")
+
+
+def _told(servable: Servable, exc: ModelExecutionError | InvalidInput) -> str:
+    """A batch's failure as the profile tells it: the model's (its line names the model), or its assemble's refusal
+    (wok's InvalidInput, whose text need not name the model)."""
+    if isinstance(exc, InvalidInput):
+        return f"model '{servable.name}' refused it as it was assembled (INVALID_ARGUMENT): {exc}"
+    return str(exc)
+
+
+def _batch_refused(
+    servable: Servable,
+    cfg: ProfileConfig,
+    drawn_below: tuple[int, Mapping[str, int], Mapping[str, int]],
+    failed: BatchFailed,
+) -> str:
+    """The refusal of a profile whose batch the model failed, naming its size. Where the model answered each of its
+    requests rerun in smaller parts, the batch's size failed it (a workspace or memory that grows with the batch), not
+    the inputs: no bound to lower is said, the server reruns every such batch; else `_inputs_refused`'s."""
+    batch = f"a {'warm-up ' if failed.warmup else ''}batch of {failed.size}"
+    if failed.answered:
+        return (
+            f"{batch} failed, though the model answered each of its requests rerun in smaller parts (as the server "
+            f"reruns a failed batch): the batch's size failed it, not the inputs made with --sizes {cfg.sizes}; the "
+            f"server reruns every such batch (a max_batch_size below {failed.size} keeps it from forming them, "
+            f"--batch-sizes below {failed.size} profile the sizes that run): {_told(servable, failed.error)}"
+        )
+    exc = failed.error
+    alone = " (some of its requests alone too)" if failed.size > 1 else ""
+    told = _served(servable, exc, "as its batch is assembled") if isinstance(exc, InvalidInput) else exc
+    return _inputs_refused(servable, cfg, drawn_below, f"{batch} failed{alone}: {told}")
 
 
 def _check_as_served(servable: Servable, requests: Sequence[dict[str, np.ndarray]]) -> None:
@@ -782,11 +833,8 @@ def profile(
     roof = roofline_of(device)
     try:
         times = time_batches(servable, device, cfg, pool, progress)
-    except ModelExecutionError as exc:
-        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
-    except InvalidInput as exc:  # the model's own assemble refused a request: the executor answers it so
-        exc = _served(servable, exc, "as its batch is assembled")
-        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
+    except BatchFailed as failed:
+        raise ValueError(_batch_refused(servable, cfg, (high, by_input, capped), failed)) from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
     keys = {n: [pool.key_of(b) for b in times[n]["requests"]] for n in sizes}
@@ -803,13 +851,16 @@ def profile(
         try:
             if vary:
                 work, counted = count_timed(servable, device, pool.requests, times[n]["requests"])
-            else:  # requests the timing may not have run
-                work = count_work(servable, device, pool.requests[:n])
-        except ModelExecutionError as exc:
-            raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
-        except InvalidInput as exc:  # requests the timing did not run (`pool.requests[:n]`), refused as above
-            exc = _served(servable, exc, "as its batch is assembled")
-            raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
+            else:
+                # A batch the timing ran: any n requests of one shape hold its work, but not any n may share a batch
+                # (a model keyed by a value), and a batch the server never forms may be one its assemble refuses.
+                work = count_work(servable, device, [pool.requests[i] for i in times[n]["requests"][0]])
+        except (ModelExecutionError, InvalidInput) as exc:
+            # The timing ran these requests in this batch: the inputs passed; the counting's own way of running the
+            # model (no_grad, not inference_mode; torch's dispatch modes; no fused attention) failed it.
+            raise ValueError(
+                f"counting the FLOPs and bytes of a batch of {n} failed, a batch the timing ran: {_told(servable, exc)}"
+            ) from None
         uncounted |= work.uncounted_ops
         added |= set(work.flops_added)
         summary = latency_summary(np.asarray(times[n]["batch"]))

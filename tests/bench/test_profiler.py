@@ -1038,8 +1038,8 @@ def test_requests_the_models_assemble_refuses_are_the_options_error(sizes, got):
     with pytest.raises(ValueError) as refused:
         profiler.profile(RefusesLong(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
     said = (
-        f"the inputs made with --sizes {sizes}: served, model 'padded' answers such a request INVALID_ARGUMENT as its "
-        f"batch is assembled: input 'x': expected sequences of at most 8 values; got {got}"
+        f"the inputs made with --sizes {sizes}: a batch of 1 failed: served, model 'padded' answers such a request "
+        f"INVALID_ARGUMENT as its batch is assembled: input 'x': expected sequences of at most 8 values; got {got}"
     )
     assert re.fullmatch(re.escape(said).replace(re.escape(got), got), str(refused.value)), str(refused.value)
 
@@ -1382,7 +1382,7 @@ def test_inputs_refused_say_where_the_bound_came_from_when_not_from_int_high(tmp
     err = _refused(folder, capsys)
     said = (
         "and input 'ids' below 50 (the default: no embedding table was found in the model; --int-high to change): "
-        "model 'unseen' failed"
+        "a batch of 1 failed: model 'unseen' failed"
     )
     assert said in err and "--int-high 50" not in err, err
 
@@ -1419,8 +1419,8 @@ def test_inputs_refused_past_the_smallest_table_name_the_input_and_what_to_give(
     said = (
         "the inputs made with --sizes fixed:16 and input 'ids' below 100 (it has no id bound of its own: the rows "
         "of the model's smallest embedding table; where the model changes ids before a lookup, --int-high below "
-        "100 draws every integer input lower), input 'other' below 100: model 'doubled' failed: RuntimeError: "
-        "index out of range in self"
+        "100 draws every integer input lower), input 'other' below 100: a batch of 1 failed: model 'doubled' "
+        "failed: RuntimeError: index out of range in self"
     )
     assert said in err and "Traceback" not in err, err
     # What it says to do does it: ids below 75, doubled, stay within b's 150 rows.
@@ -1429,7 +1429,8 @@ def test_inputs_refused_past_the_smallest_table_name_the_input_and_what_to_give(
 
 def test_a_batch_the_model_failed_is_no_timed_batch(tmp_path):
     """The executor reruns a failed batch of two or more in parts, as it does for the server's callers, and answers
-    each request; the profile took that for the batch's time, and went on to fit the reruns."""
+    each request; the profile took that for the batch's time, and went on to fit the reruns. The failure names the
+    batch's size, and that a request of it failed alone too (not `answered`: the inputs, not the size)."""
     from wok.errors import ModelExecutionError
 
     servable = load_servable(_doubled_ids(tmp_path))
@@ -1437,9 +1438,15 @@ def test_a_batch_the_model_failed_is_no_timed_batch(tmp_path):
     pool = profiler.keyed_pool(servable, cfg, 256, 4)
     failing = [r for r in pool.requests if r["ids"].max() >= 75]
     assert failing and len(failing) < len(pool.requests)  # a timed batch of 2 holds one, most likely
-    with pytest.raises(ModelExecutionError) as refused:
+    with pytest.raises(profiler.BatchFailed) as refused:
         profiler.time_batches(servable, CPU, cfg, pool)
-    assert str(refused.value) == "model 'doubled' failed: RuntimeError: index out of range in self"
+    failed = refused.value
+    assert isinstance(failed.error, ModelExecutionError) and (failed.size, failed.warmup, failed.answered) == (
+        2,
+        False,
+        False,
+    )
+    assert str(failed.error) == "model 'doubled' failed: RuntimeError: index out of range in self"
 
 
 def test_counting_requests_the_model_fails_is_told_as_the_models_failure(tmp_path):
@@ -1560,3 +1567,185 @@ def test_the_ramps_int_high_is_one_that_sends_the_same_where_a_datatype_caps_an_
     # The others drawn below 50, as the ramp draws them: it sends the same with no --int-high, as with none left.
     assert line({**config, "int_high": 50}).endswith(f"; {profiler.SAME_WITHOUT_INT_HIGH}")
     assert line({**config, "int_high_source": None}).endswith(f"; {profiler.SAME_WITHOUT_INT_HIGH}")
+
+
+ROOMY_MODEL = """
+import torch
+from torch import nn
+
+
+class Roomy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(100, 4)
+        self.register_buffer("workspace", torch.zeros(3, 4))  # room for 3 rows: a batch of 4 does not fit
+
+    def forward(self, ids):
+        rows = self.table(ids.clamp(0, 99)).sum(1)  # clamped: no id bound of its own, the smallest table's
+        self.workspace[: rows.shape[0]] = rows
+        return self.workspace[: rows.shape[0]] * 2
+
+
+def build(**parameters):
+    return Roomy()
+"""
+
+
+def _roomy(tmp_path: Path) -> Path:
+    folder = write_python_model(tmp_path / "repo" / "roomy", ROOMY_MODEL, 4)
+    config = folder / "config.toml"
+    config.write_text(
+        config.read_text().replace('"INPUT0"\ndatatype = "FP32"\ndims = [4]', '"ids"\ndatatype = "INT64"\ndims = [3]')
+    )
+    return folder
+
+
+@pytest.mark.parametrize("warmup", ["0", "1"])
+def test_a_batch_failed_for_its_size_is_refused_naming_the_size_not_the_inputs(tmp_path, capsys, warmup):
+    """A model whose workspace holds 3 rows fails a batch of 4, whose every request it answers rerun in parts: the
+    refusal blamed the inputs (`the inputs made with --sizes fixed:16 and input 'ids' below 100 (... --int-high below
+    100 draws them lower): model 'roomy' failed: ...`), named no batch size, and advised a lower --int-high, which
+    changes nothing. A warm-up batch that failed so passes (its size's timed batches meet the failure again)."""
+    folder = _roomy(tmp_path)
+    fast = ["--batch-sizes", "1,2,4", "--warmup", warmup, "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "roomy", "--model-repository", str(folder.parent), *fast]) == 2
+    err = capsys.readouterr().err
+    said = (
+        "wok profile: a batch of 4 failed, though the model answered each of its requests rerun in smaller parts (as "
+        "the server reruns a failed batch): the batch's size failed it, not the inputs made with --sizes fixed:16; the "
+        "server reruns every such batch (a max_batch_size below 4 keeps it from forming them, --batch-sizes below 4 "
+        "profile the sizes that run): model 'roomy' failed: RuntimeError: The expanded size of the tensor (3) must "
+        "match the existing size (4)"
+    )
+    assert said in err and "--int-high" not in err and "Traceback" not in err, err
+    # The sizes that run are profiled.
+    assert _profiled(folder, "--batch-sizes", "1,2,3")["batches"][2]["batch_size"] == 3
+
+
+class AssemblesThree(PaddedLinear):
+    """PaddedLinear whose own assemble refuses a batch of more than 3 rows (its buffers' size, say): each request of a
+    batch of 4 is answered rerun in parts."""
+
+    def assemble(self, requests, rows, buffers):
+        if rows > 3:
+            raise InvalidInput(f"expected batches of at most 3 rows; got {rows}")
+        return super().assemble(requests, rows, buffers)
+
+
+def test_a_batch_its_assemble_refuses_for_its_size_is_refused_naming_the_size():
+    """The size of the batch refused it, not a request (`answers such a request INVALID_ARGUMENT`: none gets that
+    answer, each is answered in parts)."""
+    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=2, sizes="fixed:2")
+    with pytest.raises(ValueError) as refused:
+        profiler.profile(AssemblesThree(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    said = (
+        "a batch of 4 failed, though the model answered each of its requests rerun in smaller parts (as the server "
+        "reruns a failed batch): the batch's size failed it, not the inputs made with --sizes fixed:2; the server "
+        "reruns every such batch (a max_batch_size below 4 keeps it from forming them, --batch-sizes below 4 profile "
+        "the sizes that run): model 'padded' refused it as it was assembled (INVALID_ARGUMENT): expected batches of at "
+        "most 3 rows; got 4"
+    )
+    assert str(refused.value) == said
+
+
+COLD_MODEL = """
+from torch import nn
+
+
+class Cold(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.failing = FAILING  # forwards it fails first: a lazy set-up that fails until it is done
+
+    def forward(self, x):
+        if self.failing:
+            self.failing -= 1
+            raise RuntimeError("not set up yet")
+        return x * 2
+
+
+def build(**parameters):
+    return Cold()
+"""
+
+
+@pytest.mark.parametrize("failing", [1, 2])
+def test_a_warm_up_batch_with_a_request_failing_alone_refuses_the_profile(tmp_path, capsys, failing):
+    """A warm-up batch of 2 the model failed, rerun in parts, passed silently (only the timed batches' failures
+    were looked at), a request of it failing alone too: the timed batches, drawn as it was, passed. One whose
+    requests were all answered in parts (a first batch of its size failing) still passes: that is the warm-up's use."""
+    folder = write_python_model(tmp_path / "repo" / "cold", COLD_MODEL.replace("FAILING", str(failing)), 4)
+    fast = ["--batch-sizes", "2,4", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    code = main(["profile", "cold", "--model-repository", str(folder.parent), *fast])
+    err = capsys.readouterr().err
+    if failing == 1:
+        assert code == 0, err
+        return
+    said = (
+        "wok profile: the inputs made with --sizes fixed:16: a warm-up batch of 2 failed (some of its requests alone "
+        "too): model 'cold' failed: RuntimeError: not set up yet\n"
+    )
+    assert code == 2 and err.endswith(said), err
+
+
+class KeyedByTask(PaddedLinear):
+    """PaddedLinear batched by a request's task (its first value, rounded: -1, 0 or 1 mostly), as a model with a head
+    per task would be: its assemble refuses a batch of several tasks, which the server never forms."""
+
+    def batch_key(self, inputs):
+        return int(np.round(np.clip(inputs["x"][0, 0], -1, 1)))
+
+    def assemble(self, requests, rows, buffers):
+        tasks = sorted({self.batch_key(r) for r in requests})
+        if len(tasks) > 1:
+            raise InvalidInput(f"expected one task per batch; got tasks {tasks}")
+        return super().assemble(requests, rows, buffers)
+
+
+def test_the_counting_pass_counts_a_batch_the_timing_ran():
+    """With one shape of request the counting pass counted the pool's first n requests, whatever their batching
+    keys: a batch the server never forms, which this model's assemble refuses; the profile was refused (`answers such
+    a request INVALID_ARGUMENT as its batch is assembled`), though every timed batch ran."""
+    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=2, sizes="fixed:2")
+    model = KeyedByTask()
+    pool = profiler.keyed_pool(model, cfg, 256, 4)
+    assert len({model.batch_key(r) for r in pool.requests[:4]}) > 1  # the pool's first 4: a batch never formed
+    doc = profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    assert doc["batches"][1]["flops"] == 2 * 4 * 2 * WIDTH
+
+
+INFERENCE_COUNTER_MODEL = """
+import torch
+from torch import nn
+
+
+class Counts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = None
+
+    def forward(self, x):
+        if self.calls is None:
+            self.calls = torch.zeros(())  # made in the executor's inference_mode: an inference tensor
+        self.calls += 1  # in place: torch allows it in inference_mode only
+        return x * 2
+
+
+def build(**parameters):
+    return Counts()
+"""
+
+
+def test_a_counting_pass_failing_a_batch_the_timing_ran_is_not_the_inputs_failure(tmp_path, capsys):
+    """The counting pass runs the model under no_grad (not inference_mode, FlopCounterMode): a model that updates in
+    place a tensor it made under the executor's inference_mode fails there alone. The refusal blamed the inputs (`the
+    inputs made with --sizes fixed:16: model 'counts' failed: ...`), which every timed batch ran."""
+    folder = write_python_model(tmp_path / "repo" / "counts", INFERENCE_COUNTER_MODEL, 4)
+    fast = ["--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "counts", "--model-repository", str(folder.parent), *fast]) == 2
+    err = capsys.readouterr().err
+    said = (
+        "wok profile: counting the FLOPs and bytes of a batch of 1 failed, a batch the timing ran: model 'counts' "
+        "failed: RuntimeError: Inplace update to inference tensor outside InferenceMode"
+    )
+    assert said in err and "the inputs made with" not in err and "Traceback" not in err, err
