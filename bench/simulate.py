@@ -110,7 +110,8 @@ class BatcherModel(CpuFields):
                 raise ValueError(f"batch_samples: expected sizes n ≥ 1; got {n}")
             bad = next((t for t in times if not (math.isfinite(t) and t > 0)), None)
             if not times or bad is not None:
-                raise ValueError(f"batch_samples: size {n}: expected finite times > 0 s; got {bad or 'none'}")
+                got = "none" if bad is None else bad  # not `bad or 'none'`: a time of 0 is a time
+                raise ValueError(f"batch_samples: size {n}: expected finite times > 0 s; got {got}")
         bad = next((t for t in self.overhead_samples_s if not (math.isfinite(t) and t >= 0)), None)
         if bad is not None:
             raise ValueError(f"overhead_samples_s: expected finite times ≥ 0 s; got {bad}")

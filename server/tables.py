@@ -312,12 +312,12 @@ class _Walk:
         if _bare(via) in _INTEGER_CLOSED and len(dtypes) == 1 and None not in dtypes:
             self.integer[out] = dtypes.pop()
 
-    def derive(self, outs, ins, via: str, restate: bool = False, reads: bool | None = None) -> None:
+    def derive(self, outs, ins, via: str, restate: bool = False, reads: bool | None = None, into: bool = False) -> None:
         """`outs`, made by op `via` from `ins`: derived from each input any of `ins` is, not as ids (`restate`:
         said to be through `via`, not what made `ins`; so too from the ids, a mask or a `% n` of them, which are
         followed: `via` is the first step that is not). `reads`: whether `via` may read `ins`' values as positions
         where wok does not follow them, which leaves their inputs without a bound; None: unless it is in
-        `_NO_LOOKUP`."""
+        `_NO_LOOKUP`. `into`: `via` writes its result into a tensor given (`out=`), which keeps its own dtype."""
         if _bare(via) in _SHAPES:
             return
         merged: dict[str, str] = {}
@@ -330,7 +330,8 @@ class _Walk:
         if merged:
             for o in outs:
                 self.mixed[o] = merged
-            if _bare(via) in _COMPARES and not _is_in_place(via):  # `x.ne_(0)` of integers holds integers
+            # `x.ne_(0)` of integers holds integers, and so does `torch.ne(x, 0, out=integers)`: 0s and 1s, rows.
+            if _bare(via) in _COMPARES and not _is_in_place(via) and not into:
                 self.masks.update(outs)
             if reads or (reads is None and _bare(via) not in _NO_LOOKUP):
                 for name in merged:
@@ -689,7 +690,7 @@ class _Script:
             elif kind in _CASTS:
                 walk.keep(outs[0], ins[0], _script_dtype(node), kind)
             else:
-                walk.derive(outs, ins, kind)
+                walk.derive(outs, ins, kind, into=_writes_out(node))
                 if outs:
                     walk.integer_op(outs[0], kind, [self.integer_arg(v) for v in ins])
                 if kind == "aten::remainder" and len(ins) == 2:
@@ -742,6 +743,15 @@ class _Script:
                 walk.ids[out] = (*ways[0][:2], next((w[2] for w in ways if w[2]), ""))
             else:
                 walk.derive([out], ins + inner, "prim::If", restate=True, reads=False)
+
+
+def _writes_out(node) -> bool:
+    """Whether a TorchScript op writes its result into a tensor given as `out=` (`aten::ne.Scalar_out`)."""
+    try:
+        node.namedInput("out")
+    except RuntimeError:  # no such argument
+        return False
+    return True
 
 
 def _inner(blocks) -> list:
@@ -908,7 +918,7 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
     else:
         # A function not torch's nor python's operator (the model's own) is never taken for one of _NO_LOOKUP's.
         known = name is not None or _py_operator(target)
-        walk.derive([node], ins, shown, reads=None if known else True)
+        walk.derive([node], ins, shown, reads=None if known else True, into="out" in node.kwargs)
         if known:
             walk.integer_op(node, name or shown, [_fx_integer(walk, a) for a in (*args, *node.kwargs.values())])
         if (target is operator.mod or name == "remainder") and len(args) == 2:

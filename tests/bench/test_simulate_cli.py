@@ -117,6 +117,9 @@ def test_the_model_needs_finite_times(field):
         ("batch_samples", ((4, (math.nan, 1e-3)),), "batch_samples: size 4: expected finite times > 0 s; got nan"),
         ("batch_samples", ((4, (math.inf,)),), "batch_samples: size 4: expected finite times > 0 s; got inf"),
         ("batch_samples", ((4, ()),), "batch_samples: size 4: expected finite times > 0 s; got none"),
+        # A time of 0 was said to be none (`0.0 or 'none'`).
+        ("batch_samples", ((4, (1e-3, 0.0)),), "batch_samples: size 4: expected finite times > 0 s; got 0.0"),
+        ("batch_samples", ((4, (-0.0,)),), "batch_samples: size 4: expected finite times > 0 s; got -0.0"),
         ("batch_samples", ((0, (1e-3,)),), "batch_samples: expected sizes n ≥ 1; got 0"),
         ("overhead_samples_s", (1e-4, math.nan), "overhead_samples_s: expected finite times ≥ 0 s; got nan"),
         ("overhead_samples_s", (math.inf,), "overhead_samples_s: expected finite times ≥ 0 s; got inf"),

@@ -587,3 +587,24 @@ def test_a_mask_reshaped_stays_a_mask():
         assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
         # The cast, not the comparison before it, is the step not followed.
         assert found.unpublished == {"ids": f"it reaches {how}, which wok does not follow"}, kind
+
+
+class ComparedInto(MaskCast):
+    """`torch.ne(ids, 0, out=buf)` writes the comparison into `buf`'s integers: 0s and 1s, which `one[...]` takes as
+    rows (`one` has one), not a mask."""
+
+    def forward(self, ids):
+        got = torch.ne(ids, 0, out=torch.zeros_like(ids))
+        return self.a(ids).sum() + self.one[got.flatten()].sum()
+
+
+def test_a_comparison_written_into_a_tensor_given_is_no_mask():
+    """It was taken as one, kept through the reshape (TABLESWORD56; without one, before it): the python and scripted
+    forms published bound 100, and id 1 failed `one`'s one row. The exported graph has no `out=` (it had none)."""
+    module = ComparedInto().eval()
+    module(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(IndexError):
+        module(torch.ones(2, 3, dtype=torch.long))  # below a's 100 rows
+    for kind, model in _forms(module, (torch.zeros(2, 3, dtype=torch.long),)).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
