@@ -45,7 +45,7 @@ from wok import tables
 from wok.codec import check_values
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import onednn_counts
-from wok.errors import InvalidInput, ModelExecutionError, WokError, message_of, script_error
+from wok.errors import InvalidInput, ModelExecutionError, message_of, script_error, to_status
 from wok.executor import Executor, failure_line, resolve_devices
 from wok.servable import HostBuffers, Servable
 
@@ -668,7 +668,12 @@ def time_batches(
         batch = pool.batch(rng, n, key)
         try:
             r = instance.submit([pool.requests[i] for i in batch], [1] * n, 0).result()
-        except (ModelExecutionError, InvalidInput) as exc:  # a batch of 1, which the executor does not rerun
+        except (ModelExecutionError, InvalidInput) as exc:
+            # A batch of 1, which the executor does not rerun. Refused, a warm-up one too, though a first call's
+            # failure (a lazy set-up) may not recur: its one request failed alone, as the server would answer it, and
+            # no parts answered show the request served, as they do for a larger warm-up batch (below). The server's
+            # own start-up warm-up, a batch of 1 (Executor.warmup), ends `wok serve` on such a failure alike, with no
+            # second try.
             raise BatchFailed(exc, n, warmup, answered=False) from exc
         if r.failure is not None:
             # The executor reran the failed batch in parts, as it does for the server's callers, and its time was the
@@ -707,7 +712,7 @@ def _inputs_refused(
     servable: Servable,
     cfg: ProfileConfig,
     drawn_below: tuple[int, Mapping[str, int], Mapping[str, int]],
-    exc: WokError | str,
+    exc: str,
 ) -> str:
     """The refusal of a profile whose inputs, made for it, the model failed or the server would refuse (ids past a
     table, a sequence longer than it takes): the options that made them are the error, not a traceback.
@@ -744,17 +749,30 @@ def _inputs_refused(
     return f"the inputs made with --sizes {cfg.sizes}{drawn}{own}: {exc}"
 
 
-def _served(servable: Servable, exc: WokError, where: str) -> WokError:
-    """`exc`, what the server answers a request with (`where`: before it is batched, or as its batch is assembled),
-    as the profile refuses the inputs for it: with the model named, which a model's own check or assemble need not
-    name, and the status the request would get (its `code`)."""
-    return type(exc)(f"served, model '{servable.name}' answers such a request {exc.code.name} {where}: {exc}")
+def _names_model(servable: Servable, text: str) -> bool:
+    """Whether a message of the server's names the model, as its messages do (`model 'M'`): a config check's refusal
+    ("model 'M' refused the request: ..."), a dim's ("the sizes model 'M' was exported for"), an id's."""
+    return f"model '{servable.name}'" in text
+
+
+def _served(servable: Servable, exc: Exception, where: str) -> str:
+    """What the server answers a request that raised `exc` (`where`: before it is batched, or as its batch is
+    assembled), as the profile refuses the inputs for it: the status code and the details `errors.to_status` makes
+    of `exc`, as a client gets them (a Servable's own check raising a ValueError: INTERNAL, "internal error:
+    ValueError: ..."). The model is named once: by the prefix where the details do not name it (a model's own check
+    or assemble need not)."""
+    code, details = to_status(exc)
+    if _names_model(servable, details):
+        return f"served, such a request is answered {code.name} {where}: {details}"
+    return f"served, model '{servable.name}' answers such a request {code.name} {where}: {details}"
 
 
 def _told(servable: Servable, exc: ModelExecutionError | InvalidInput) -> str:
     """A batch's failure as the profile tells it: the model's (its line names the model), or its assemble's refusal
-    (wok's InvalidInput, whose text need not name the model)."""
+    (wok's InvalidInput, whose text need not name the model; named once where it does)."""
     if isinstance(exc, InvalidInput):
+        if _names_model(servable, str(exc)):
+            return f"refused as it was assembled (INVALID_ARGUMENT): {exc}"
         return f"model '{servable.name}' refused it as it was assembled (INVALID_ARGUMENT): {exc}"
     return str(exc)
 
@@ -782,14 +800,20 @@ def _batch_refused(
     return _inputs_refused(servable, cfg, drawn_below, f"{batch} failed{alone}: {told}")
 
 
-def _check_as_served(servable: Servable, requests: Sequence[dict[str, np.ndarray]]) -> None:
+def _check_as_served(servable: Servable, requests: Sequence[dict[str, np.ndarray]]) -> str | None:
     """The server's checks of each request (`codec.check_values`: sizes, ids, the model's own check), which refuse
-    a request before it joins a batch: a profile of requests the server refuses times batches it never runs."""
+    a request before it joins a batch: a profile of requests the server refuses times batches it never runs. The
+    server's answer to the first one refused (`_served`), else None."""
     for request in requests:
         try:
             check_values(servable, request)
-        except (InvalidInput, ModelExecutionError) as exc:  # refused, or the model's check failed (INTERNAL)
-            raise _served(servable, exc, "before it is batched") from None
+        except Exception as exc:
+            # Refused (InvalidInput), or the check failed (a config's check: ModelExecutionError, INTERNAL). A
+            # Servable's own check is not wrapped: whatever else it raises, a ValueError too, the server answers
+            # INTERNAL in to_status's words ("internal error: KeyError: 'x'"), which is what the profile says. A
+            # BaseException is no check's answer here: a Ctrl-C stays one.
+            return _served(servable, exc, "before it is batched")
+    return None
 
 
 def _median(values: Sequence[float]) -> float:
@@ -818,10 +842,9 @@ def profile(
     pool = keyed_pool(servable, cfg, max(256, 4 * max(sizes)), max(sizes))
     high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
     capped = _type_capped(servable, high, by_input)
-    try:
-        _check_as_served(servable, pool.requests)
-    except WokError as exc:
-        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
+    refused = _check_as_served(servable, pool.requests)
+    if refused is not None:
+        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), refused))
     never = [n for n in sizes if not pool.allowed(n)]
     if never:
         raise ValueError(

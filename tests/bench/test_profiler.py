@@ -1073,12 +1073,13 @@ def test_requests_the_server_refuses_are_refused_not_timed(tmp_path, capsys):
     argv = ["profile", "checked", "--model-repository", str(repo), *fast]
     assert main([*argv, "--sizes", "uniform:4:12"]) == 2
     err = capsys.readouterr().err
+    # It named the model twice: "served, model 'checked' answers such a request INVALID_ARGUMENT before it is
+    # batched: model 'checked' refused the request: ...".
     said = (
-        "wok profile: the inputs made with --sizes uniform:4:12: served, model 'checked' answers such a request "
-        "INVALID_ARGUMENT before it is batched: model 'checked' refused the request: input 'INPUT0': expected at most "
-        "8 values; got "
+        "wok profile: the inputs made with --sizes uniform:4:12: served, such a request is answered INVALID_ARGUMENT "
+        "before it is batched: model 'checked' refused the request: input 'INPUT0': expected at most 8 values; got "
     )
-    assert said in err and "Traceback" not in err, err
+    assert said in err and err.count("'checked'") == 1 and "Traceback" not in err, err
     # Requests it takes are profiled as before.
     assert main([*argv, "--sizes", "uniform:4:8"]) == 0
     capsys.readouterr()
@@ -1087,10 +1088,107 @@ def test_requests_the_server_refuses_are_refused_not_timed(tmp_path, capsys):
     assert main([*argv, "--sizes", "uniform:4:8"]) == 2
     err = capsys.readouterr().err
     said = (
-        "wok profile: the inputs made with --sizes uniform:4:8: served, model 'checked' answers such a request "
-        "INTERNAL before it is batched: model 'checked': its check (model:broken) failed: KeyError: 'INPUT1'\n"
+        "wok profile: the inputs made with --sizes uniform:4:8: served, such a request is answered INTERNAL before it "
+        "is batched: model 'checked': its check (model:broken) failed: KeyError: 'INPUT1'\n"
     )
-    assert err.endswith(said), err
+    assert err.endswith(said) and err.count("'checked'") == 1, err
+
+
+CHECK_RAISES = {
+    "ValueError": ValueError("input 'x': expected at most 8 values; got 12"),
+    "RuntimeError": RuntimeError("the check's table is not loaded"),
+    "KeyError": KeyError("lengths"),
+}
+
+
+class ChecksRaising(PaddedLinear):
+    """PaddedLinear whose own `check` raises `error` (a Servable's check is not wrapped as a config's is)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def check(self, inputs):
+        raise self.error
+
+
+CHECK_RAISING_DOUBLE = (
+    VARIABLE_DOUBLE
+    + """
+
+def check(inputs):
+    raise ERROR
+"""
+)
+
+
+async def _served_answer(servable, port_of) -> tuple[str, str]:
+    """The status and message tritonclient gets for a request of 4 values to a real server of `servable`."""
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    name, inp = servable.name, servable.config.inputs[0].name
+    async with port_of() as port, aioclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        tensor = aioclient.InferInput(inp, [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        with pytest.raises(InferenceServerException) as info:
+            await client.infer(name, [tensor])
+    return info.value.status().removeprefix("StatusCode."), info.value.message()
+
+
+@pytest.mark.parametrize("raised", list(CHECK_RAISES))
+@pytest.mark.parametrize("form", ["servable", "config"])
+async def test_a_check_raising_anything_is_refused_as_the_server_answers_it(tmp_path, serve, raised, form):
+    """A model's check that raises: the server answers each such request (a Servable's own check: a ValueError or any
+    other error is INTERNAL "internal error: ValueError: ...", to_status's words; a config's check: a ValueError
+    refuses it, INVALID_ARGUMENT, anything else INTERNAL) and the profile's refusal says exactly that answer. A
+    Servable's check raising a ValueError refused the profile in its bare words, as an options error; any other
+    error ended it in a traceback."""
+    from contextlib import asynccontextmanager
+
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    if form == "servable":
+        servable = ChecksRaising(CHECK_RAISES[raised])
+
+        @asynccontextmanager
+        async def port_of():
+            server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+            await server.start()
+            try:
+                yield server.port
+            finally:
+                await server.stop(grace=5)
+
+    else:
+        repo = tmp_path / "repo"
+        folder = write_python_model(
+            repo / "checked", CHECK_RAISING_DOUBLE.replace("ERROR", repr(CHECK_RAISES[raised])), 4, dims=-1
+        )
+        config = folder / "config.toml"
+        config.write_text(
+            config.read_text().replace('factory = "model:build"', 'factory = "model:build"\ncheck = "model:check"')
+        )
+        servable = load_servable(folder)
+
+        @asynccontextmanager
+        async def port_of():
+            async with serve(models=(), repository=repo) as server:
+                yield server.port
+
+    code, details = await _served_answer(servable, port_of)
+    expected = "INVALID_ARGUMENT" if form == "config" and raised == "ValueError" else "INTERNAL"
+    assert code == expected, (code, details)
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=2, sizes="fixed:4")
+    with pytest.raises(ValueError) as refused:
+        profiler.profile(servable, cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    # The model named once: by the server's details where they name it (a config's check), else by the refusal.
+    whom = "such a request is answered" if form == "config" else "model 'padded' answers such a request"
+    said = f"the inputs made with --sizes fixed:4: served, {whom} {code} before it is batched: {details}"
+    assert str(refused.value) == said
+    assert str(refused.value).count(f"'{servable.name}'") == 1
 
 
 def test_the_table_shows_sub_ms_times_and_small_percentages_with_significant_digits():
@@ -1361,11 +1459,11 @@ def test_inputs_refused_past_a_table_say_where_a_datatype_capped_them(tmp_path, 
     _save_model(folder, _WidenedIds(100), "torchscript", None, ("ids", "INT8", [3]), ("out", "FP32", [4]))
     err = _refused(folder, capsys, "--int-high", "1000")
     said = (
-        "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): served, model 'short' answers such "
-        "a request INVALID_ARGUMENT before it is batched: input 'ids': expected ids in [0, 100) (the rows of the "
-        "embedding table model 'short' looks them up in), got values from "
+        "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): served, such a request is answered "
+        "INVALID_ARGUMENT before it is batched: input 'ids': expected ids in [0, 100) (the rows of the embedding table "
+        "model 'short' looks them up in), got values from "
     )
-    assert said in err, err
+    assert said in err and err.count("'short'") == 1, err
 
 
 class _UnseenTable(torch.nn.Module):
@@ -1516,10 +1614,11 @@ def test_sizes_a_program_was_not_exported_for_are_refused_as_the_server_refuses_
     )
     err = _refused(folder, capsys, "--sizes", "fixed:16")
     said = (
-        "wok profile: the inputs made with --sizes fixed:16: served, model 'ranged' answers such a request "
-        "INVALID_ARGUMENT before it is batched: input 'x': expected dim 1 of "
+        "wok profile: the inputs made with --sizes fixed:16: served, such a request is answered INVALID_ARGUMENT "
+        "before it is batched: input 'x': expected dim 1 of "
     )
     assert said in err and "(the sizes model 'ranged' was exported for), got 16 in shape [1, 16]" in err, err
+    assert err.count("'ranged'") == 1, err
     assert _profiled(folder, "--sizes", "fixed:8")["batches"][1]["batch_size"] == 4
 
 
@@ -1624,28 +1723,39 @@ def test_a_batch_failed_for_its_size_is_refused_naming_the_size_not_the_inputs(t
 
 class AssemblesThree(PaddedLinear):
     """PaddedLinear whose own assemble refuses a batch of more than 3 rows (its buffers' size, say): each request of a
-    batch of 4 is answered rerun in parts."""
+    batch of 4 is answered rerun in parts. `said`: its refusal's start (naming the model, or not)."""
+
+    said = ""
 
     def assemble(self, requests, rows, buffers):
         if rows > 3:
-            raise InvalidInput(f"expected batches of at most 3 rows; got {rows}")
+            raise InvalidInput(f"{self.said}expected batches of at most 3 rows; got {rows}")
         return super().assemble(requests, rows, buffers)
 
 
-def test_a_batch_its_assemble_refuses_for_its_size_is_refused_naming_the_size():
+@pytest.mark.parametrize(
+    ("said", "told"),
+    [
+        ("", "model 'padded' refused it as it was assembled (INVALID_ARGUMENT): "),
+        # It named the model twice: "model 'padded' refused it as it was assembled (...): model 'padded': ".
+        ("model 'padded': ", "refused as it was assembled (INVALID_ARGUMENT): model 'padded': "),
+    ],
+)
+def test_a_batch_its_assemble_refuses_for_its_size_is_refused_naming_the_size(said, told):
     """The size of the batch refused it, not a request (`answers such a request INVALID_ARGUMENT`: none gets that
-    answer, each is answered in parts)."""
+    answer, each is answered in parts). The model is named once, where the assemble's own text names it too."""
     cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=2, sizes="fixed:2")
+    model = AssemblesThree()
+    model.said = said
     with pytest.raises(ValueError) as refused:
-        profiler.profile(AssemblesThree(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
-    said = (
+        profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    expected = (
         "a batch of 4 failed, though the model answered each of its requests rerun in smaller parts (as the server "
         "reruns a failed batch): the batch's size failed it, not the inputs made with --sizes fixed:2; the server "
         "reruns every such batch (a max_batch_size below 4 keeps it from forming them, --batch-sizes below 4 profile "
-        "the sizes that run): model 'padded' refused it as it was assembled (INVALID_ARGUMENT): expected batches of at "
-        "most 3 rows; got 4"
+        f"the sizes that run): {told}expected batches of at most 3 rows; got 4"
     )
-    assert str(refused.value) == said
+    assert str(refused.value) == expected
 
 
 COLD_MODEL = """
@@ -1686,6 +1796,34 @@ def test_a_warm_up_batch_with_a_request_failing_alone_refuses_the_profile(tmp_pa
         "too): model 'cold' failed: RuntimeError: not set up yet\n"
     )
     assert code == 2 and err.endswith(said), err
+
+
+def test_a_warm_up_batch_of_1_that_fails_refuses_the_profile_as_the_servers_warm_up_refuses_the_model(tmp_path):
+    """A model whose first forward fails, and no later one: a warm-up batch of 1 has no parts to rerun, and the server
+    answers its request with the failure. Kept refused (a larger warm-up batch whose every request was answered in
+    parts passes): `wok serve`'s own start-up warm-up, a batch of 1 too, refuses the model alike, with no second try."""
+    from wok.errors import WarmupError
+    from wok.executor import Executor
+
+    folder = write_python_model(tmp_path / "repo" / "cold", COLD_MODEL.replace("FAILING", "1"), 4)
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=1, repeats=2, sizes="fixed:4")
+    with pytest.raises(ValueError) as refused:
+        profiler.profile(load_servable(folder), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    assert str(refused.value) == (
+        "the inputs made with --sizes fixed:4: a warm-up batch of 1 failed: model 'cold' failed: RuntimeError: not set "
+        "up yet"
+    )
+    cold = load_servable(folder)  # a fresh module: the profile's first forward set the last one up
+    executor = Executor(cold, cold.config.instances)
+    try:
+        with pytest.raises(WarmupError, match="model 'cold' failed: RuntimeError: not set up yet; in the start-up"):
+            executor.warmup()
+    finally:
+        executor.shutdown()
+    # Its first batch absorbed by the warm-up batch of 2 (its requests answered in parts), the model profiles.
+    cfg = ProfileConfig(batch_sizes=[2, 4], warmup=1, repeats=2, sizes="fixed:4")
+    doc = profiler.profile(load_servable(folder), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    assert [b["batch_size"] for b in doc["batches"]] == [2, 4]
 
 
 class KeyedByTask(PaddedLinear):
