@@ -57,7 +57,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from wok.bench.outputs import json_text, refuse_unwritable, write_final
-from wok.codec import UNSUPPORTED_OUTPUT_PARAMETERS, decode_request, serialize_bytes
+from wok.codec import UNSUPPORTED_OUTPUT_PARAMETERS, _head_of, decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
 from wok.errors import InvalidInput, escaped
@@ -480,8 +480,9 @@ def judge(
 
     Clear: a status of CLEAR_STATUSES; details of at most DETAILS_BYTES as sent; RESOURCE_EXHAUSTED
     only for a request over `max_request_bytes` or as one of wok's refusals (SERVER_REFUSALS);
-    INVALID_ARGUMENT for bytes that do not parse; for a wrong model name, version, input or output
-    name (`wrong_name`), the status it calls for, with the name's first NAME_START characters in
+    INVALID_ARGUMENT for bytes that do not parse (over `max_request_bytes`, where the server reads only the
+    model's name, version and id, `codec._head_of`, the status those call for); for a wrong model name, version,
+    input or output name (`wrong_name`), the status it calls for, with the name's first NAME_START characters in
     the details (escaped, for a name that is not all printable). `servables`: what the server serves,
     by name."""
     if code not in CLEAR_STATUSES:
@@ -496,8 +497,16 @@ def judge(
         return "RESOURCE_EXHAUSTED under the size limits", why
     req = parse(payload)
     if req is None:
-        return None if code == "INVALID_ARGUMENT" else ("unparseable bytes", f"{code} for bytes that do not parse")
-    wrong = wrong_name(req, servables) if small else None
+        # Over the limit, the server parses only the model's name, version and id (codec._head_of) and refuses the
+        # request by them, for its model or for its size, whether or not the rest would parse.
+        head = None if small else _head_of(payload)
+        if head is None:
+            return None if code == "INVALID_ARGUMENT" else ("unparseable bytes", f"{code} for bytes that do not parse")
+        wrong = wrong_name(head, servables)
+        if wrong is None and code not in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"):  # its size refused
+            return "unparseable bytes", f"{code} for bytes over the limit that do not parse, to a served model"
+    else:
+        wrong = wrong_name(req, servables) if small else None
     if wrong is None or code == "RESOURCE_EXHAUSTED":  # one of wok's refusals comes before the names are read
         return None
     want, what, name = wrong

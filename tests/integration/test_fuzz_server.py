@@ -167,3 +167,46 @@ def test_a_stream_of_fuzzed_requests_gets_one_answer_per_request(fuzz_server, da
     for a in answers:
         assert not a.error_message.startswith("internal error"), a.error_message
     assert any(not a.error_message and a.infer_response.model_name == "mlp" for a in answers)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field of `number` around `payload` (each length under 128 bytes here but the last)."""
+    length = len(payload)
+    size = bytearray()
+    while length > 0x7F:
+        size.append(length & 0x7F | 0x80)
+        length >>= 7
+    return bytes([number << 3 | 2]) + bytes(size + bytes([length])) + payload
+
+
+# A --max-request-bytes that the normal request (1,053 bytes to the mlp) is under, and the unparseable ones below over.
+LIMIT = 2048
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "code"),
+    [("mlp", "", "INVALID_ARGUMENT"), ("nope", "", "NOT_FOUND"), ("mlp", "x", "INVALID_ARGUMENT")],
+    ids=["served_model", "unknown_model", "version_of_letters"],
+)
+def test_bytes_over_the_limit_that_do_not_parse_are_judged_by_the_fields_the_server_reads(
+    serve_in_thread, model, version, code
+):
+    # Over --max-request-bytes, the server parses only the model's name, version and id (codec._head_of) and refuses
+    # the request by them, for its model or for its size, whether or not its tensors would parse: the answer the
+    # request's model calls for is clear, though protobuf cannot parse the whole (the judge wanted INVALID_ARGUMENT).
+    normal = fuzz.normal_request("mlp")
+    assert normal.startswith(_field(1, b"mlp"))  # its model name, given anew below
+    bad_input = _field(5, _field(1, b"\xff"))  # an input named by bytes that are no UTF-8
+    payload = _field(1, model.encode()) + _field(2, version.encode()) + normal[5:] + bad_input + _field(9, b"p" * LIMIT)
+    assert fuzz.parse(payload) is None and len(payload) > LIMIT
+    server = serve_in_thread(models=MODELS, max_request_bytes=LIMIT)
+    checker = fuzz.ServerChecker(server.target, SERVABLES, max_request_bytes=LIMIT)
+    try:
+        got, problem = checker.answer(payload, "mlp")
+    finally:
+        checker.close()
+    assert (got, problem) == (code, None)
+    # Any other status for them is not clear.
+    assert fuzz.judge(payload, "OK", "", SERVABLES, LIMIT) is not None
+    other = "NOT_FOUND" if code == "INVALID_ARGUMENT" else "INVALID_ARGUMENT"
+    assert fuzz.judge(payload, other, "request to model 'mlp' is 1 bytes", SERVABLES, LIMIT) is not None
