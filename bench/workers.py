@@ -636,26 +636,29 @@ class WorkerProcesses:
         """Stop every worker and wait for them (as WorkerPool.close)."""
         procs, self._procs = self._procs, []
         conns, self._conns = self._conns, []
-        if self._lent:
-            # A pool not closed: its workers may be mid-step, and would read the stop only after their share.
-            self._lent = False
-            _end(procs, terminate=True)
-        else:
+        try:
+            if self._lent:
+                # A pool not closed: its workers may be mid-step, and would read the stop only after their share.
+                self._lent = False
+                _end(procs, terminate=True)
+            else:
+                for c in conns:
+                    try:
+                        c.send(None)
+                    except (BrokenPipeError, OSError):
+                        pass
+                _end(procs)
+        finally:
+            # Also when `_end` raises (a Ctrl-C in its wait): taken off self above, they were left open until collected.
             for c in conns:
-                try:
-                    c.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
-            _end(procs)
-        for c in conns:
-            c.close()
+                c.close()
 
 
 def _end(procs: list, terminate: bool = False) -> None:
     """Wait for `procs` to exit (started ones; with `terminate`, terminated first; a stopped one continued), killing
     one that takes over END_WAIT_S; each has ended (reaped, its exit code set) when this returns. A signal meanwhile
-    (Ctrl-C, raised in a join as the workers exit) is raised once those left are killed: not left to send, or to exit
-    on their own while the bench has stopped waiting (nothing of theirs needs flushing: `_orphaned`)."""
+    (Ctrl-C, raised in a join as the workers exit) is raised once those left are killed and reaped: not left to send,
+    or to exit on their own while the bench has stopped waiting (nothing of theirs needs flushing: `_orphaned`)."""
     procs = [p for p in procs if p.pid is not None]
     try:
         if terminate:
@@ -677,8 +680,22 @@ def _end(procs: list, terminate: bool = False) -> None:
         for p in procs:
             if p.is_alive():
                 p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
-        for p in procs:
-            p.join(END_WAIT_S)
+        _reap(procs)
+
+
+def _reap(procs: list) -> None:
+    """Wait up to END_WAIT_S for each of `procs` (killed: they end at once). A signal in a wait (a second Ctrl-C) is
+    raised once each has been waited for: raised at once, it left that worker and those after it unreaped."""
+    interrupted = None
+    for p in procs:
+        for _ in range(3):  # the wait the signal cut short, again: bounded, for a user who keeps pressing Ctrl-C
+            try:
+                p.join(END_WAIT_S)
+                break
+            except BaseException as exc:
+                interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
 
 
 class WorkerPool:

@@ -526,11 +526,29 @@ class WokServer:
             known = {name: rt.batcher.failed for name, rt in self.runtimes.items()}
             # Not those a cancelled stop's drain ended: stopped again, a batcher whose stop raised raised again,
             # logged and counted twice.
-            drains = {
-                asyncio.ensure_future(rt.batcher.stop()): name
-                for name, rt in self.runtimes.items()
-                if name not in self._drained
-            }
+            names = [name for name in self.runtimes if name not in self._drained]
+
+            def ended(name: str, task: asyncio.Future) -> None:
+                # Recorded as each drain ends, not after the gather below: a second cancellation of the stop in
+                # that gather skipped the record, and the next stop ran the batcher's stop again, its first
+                # failure dropped unsaid.
+                self._drained.add(name)
+                end = None if task.cancelled() else task.exception()
+                if not isinstance(end, Exception) or end is known[name]:
+                    return
+                if end is self.runtimes[name].batcher.failed:
+                    # The batching task failed in the drain: the batcher logged it, with its traceback, as it
+                    # failed. It fails the stop, unlogged here: logged again, its traceback showed twice.
+                    failures.append(end)
+                else:
+                    # One a batcher's stop raised (its failure log's stop, say): gathered, it was dropped unsaid.
+                    failed(f"the drain of model '{name}'", end)
+
+            drains = {}
+            for name in names:
+                task = asyncio.ensure_future(self.runtimes[name].batcher.stop())
+                task.add_done_callback(functools.partial(ended, name))
+                drains[task] = name
             left_over = []
             try:
                 if drains:
@@ -544,18 +562,8 @@ class WokServer:
                 # running outlived the stop, its batcher draining on and its requests unanswered.
                 for d in drains:
                     d.cancel()
-                ends = await asyncio.gather(*drains, return_exceptions=True)
-                self._drained.update(drains.values())
-                # One a batcher's stop raised (its failure log's stop, say): gathered, it was dropped unsaid.
-                for name, end in zip(drains.values(), ends):
-                    if not isinstance(end, Exception) or end is known[name]:
-                        continue
-                    if end is self.runtimes[name].batcher.failed:
-                        # The batching task failed in the drain: the batcher logged it, with its traceback, as it
-                        # failed. It fails the stop, unlogged here: logged again, its traceback showed twice.
-                        failures.append(end)
-                    else:
-                        failed(f"the drain of model '{name}'", end)
+                # Each drain's end is taken in by `ended`, which ran before the gather's own callback.
+                await asyncio.gather(*drains, return_exceptions=True)
             if left_over:
                 log.warning(
                     "grace period over: %s",

@@ -447,3 +447,59 @@ def test_stop_terminates_workers_still_lent_and_has_each_ended():
     processes.stop()
     assert [p.exitcode for p in procs] == [-signal.SIGTERM] * 2
     assert len(processes) == 0
+
+
+class _CtrlCInJoin:
+    """A worker's process whose `at`-th join is met by a Ctrl-C to the bench (a real SIGINT, raised in this thread
+    as the terminal's would be) as it begins to wait."""
+
+    def __init__(self, proc, at: int) -> None:
+        self._proc, self._at, self.joins = proc, at, 0
+
+    def join(self, timeout=None) -> None:
+        self.joins += 1
+        if self.joins == self._at:
+            signal.raise_signal(signal.SIGINT)
+        self._proc.join(timeout)
+
+    def __getattr__(self, name: str):
+        return getattr(self._proc, name)
+
+
+def _reaped(pid: int) -> bool:
+    """The process is gone, waited for: a killed one not yet reaped stays in /proc as a zombie. (Its `exitcode`
+    would reap it as it read it.)"""
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_ctrl_c_as_the_end_waits_for_the_killed_workers_leaves_none_unreaped(monkeypatch):
+    """A Ctrl-C in `_end`'s last wait, for the workers it had just killed, was raised at once: that worker and those
+    after it were left unreaped (zombies, their exit code unread). Each is waited for, then the Ctrl-C raised."""
+    from wok.bench import workers
+
+    monkeypatch.setattr(workers, "END_WAIT_S", 0.2)
+    with WorkerProcesses() as processes:
+        _, procs, _ = processes.take(3)
+        processes.give_back()
+        # Never told to stop, they outlast the first wait and are killed; the Ctrl-C comes in the wait after the kill.
+        ending = [_CtrlCInJoin(procs[0], at=2), *procs[1:]]
+        with pytest.raises(KeyboardInterrupt):
+            workers._end(ending)
+        assert ending[0].joins >= 2
+        assert [p.pid for p in procs if not _reaped(p.pid)] == []
+        assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 3
+
+
+def test_a_ctrl_c_in_stop_closes_the_pipes_and_leaves_no_worker_unreaped():
+    """`stop` closed the workers' pipes only after `_end` returned: a Ctrl-C in its wait left them open. Each pipe
+    is closed and each worker waited for, then the Ctrl-C raised."""
+    processes = WorkerProcesses().start()
+    _, procs, _ = processes.take(2)
+    processes.give_back()
+    conns = list(processes._conns)
+    processes._procs[0] = _CtrlCInJoin(procs[0], at=1)
+    with pytest.raises(KeyboardInterrupt):
+        processes.stop()
+    assert [c.closed for c in conns] == [True, True]
+    assert [p.pid for p in procs if not _reaped(p.pid)] == []
+    assert len(processes) == 0

@@ -96,8 +96,19 @@ async def slowed(port: int):
         await admin(port, '{"model": "mlp", "mode": "off"}')
 
 
-def at_window(srv) -> bool:
-    return any(st.owed >= WINDOW for st in srv.server.service._streams)
+async def until_at_window(srv, what: str) -> None:
+    """Return once a stream has stopped being read at its window; fail saying `what` after 10,000 looks. Read on the
+    server's loop, as `state` reads: walked from the test's thread, the set of streams could change size as the
+    server opened or ended one meanwhile ("Set changed size during iteration")."""
+
+    async def reached() -> bool:
+        return any(st.owed >= WINDOW for st in srv.server.service._streams)
+
+    for _ in range(10_000):
+        if await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(reached(), srv.loop)):
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never: {what}")
 
 
 async def ended(call) -> None:
@@ -153,7 +164,7 @@ async def one_round(srv) -> None:
             stream = stub.ModelStreamInfer()
             for _ in range(2 * WINDOW):
                 await stream.write(mlp())
-            await until(lambda: at_window(srv), "a stream at its window")
+            await until_at_window(srv, "a stream at its window")
             stream.cancel()
 
         health = health_pb2_grpc.HealthStub(ch)
@@ -174,7 +185,7 @@ async def one_round(srv) -> None:
         await watch.read()
         reflect = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo()
         await reflect.write(reflection_pb2.ServerReflectionRequest(list_services=""))
-        await until(lambda: at_window(srv), "the unread stream at its window")
+        await until_at_window(srv, "the unread stream at its window")
 
     host = b"Host: 127.0.0.1\r\n"
     await http(mport, b"GET /events HTTP/1.1\r\n" + host + b"\r\n", read_until=b"data: ")  # dropped mid-stream

@@ -8,6 +8,7 @@ is not run again; the admin's close awaits the ticker's end that a cancelled one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 
@@ -385,4 +386,68 @@ async def test_a_stop_cancelled_as_its_admin_closes_leaves_nothing_pending_once_
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "wok-admin-ticks" and not t.done()]
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    assert all(executor_ended(inst) for inst in instances(server))
+
+
+async def test_a_drain_ending_as_its_stop_is_cancelled_again_is_stopped_once_and_its_failure_kept(
+    gated_model, monkeypatch, caplog
+):
+    # The drain was recorded only once the gather of the cancelled drains returned: a second cancellation in that
+    # gather left the batcher to be stopped again by the next stop, the first drain's failure dropped unsaid.
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    port = server.port
+    batcher = server.runtime("gated").batcher
+    raised, stops = [], []
+    ending, release = asyncio.Event(), asyncio.Event()
+
+    def refuse() -> None:
+        raised.append(RuntimeError(f"test: the failure log's stop failed ({len(raised) + 1})"))
+        raise raised[-1]
+
+    real_stop = batcher.stop
+
+    async def stop() -> None:
+        stops.append(len(stops) + 1)
+        try:
+            await real_stop()
+        finally:
+            # Its end held, through the stop's second cancellation too, as a batching task slow to end would.
+            ending.set()
+            while not release.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await release.wait()
+
+    monkeypatch.setattr(batcher.failures, "stop", refuse)
+    monkeypatch.setattr(batcher, "stop", stop)
+    caplog.set_level(logging.ERROR, logger="wok")
+    try:
+        module.gate.clear()
+        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
+        first = asyncio.ensure_future(server.stop(grace=30.0))
+        await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
+        first.cancel()
+        # The drain is cancelled only by the stop's own cancellation of it, which then gathers its end.
+        await ending.wait()
+        assert not first.done()
+        first.cancel()  # the gather, cancelled, still waits for the drain's end
+        release.set()
+        await asyncio.wait({first})
+        assert first.cancelled()
+    finally:
+        module.gate.set()
+        release.set()
+    assert isinstance(pending.future.exception(), ShuttingDown)
+    with pytest.raises(RuntimeError) as failed:
+        await asyncio.wait_for(server.stop(grace=5.0), 30)
+    assert failed.value is raised[0]  # the first drain's failure, kept
+    assert stops == [1], "the batcher was stopped again"
+    assert len(raised) == 1, [str(e) for e in raised]
+    assert [r.getMessage() for r in caplog.records if FAILED in r.getMessage()] == [
+        f"stopping: the drain of model 'gated' {FAILED}"
+    ]
+    assert len(logged(caplog, raised[0])) == 1
+    assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
     assert all(executor_ended(inst) for inst in instances(server))
