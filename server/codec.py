@@ -614,7 +614,7 @@ def parse_infer_request(
         # gRPC's receive limit, 4·L + 1 MiB, cost its whole parse on the event loop: 123 ms for 60 MiB of INT64).
         head = _head_of(data)
         return OversizedRequest(head if head is not None else _parse_large(data), size, max_bytes)
-    return _parse_large(data) if size >= LARGE_REQUEST else pb.ModelInferRequest.FromString(data)
+    return _parse_large(data)  # LARGE_REQUEST bytes or more, within the limit
 
 
 def _parse_large(data: bytes) -> pb.ModelInferRequest | ReceivedRequest:

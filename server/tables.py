@@ -235,11 +235,11 @@ class _Walk:
     """The values of one graph that hold an input's ids (`ids`: value → (input, dtype, the op that passed on only
     some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: how, the
     words after "it reaches a table through": the step that left what is followed, the ids, a mask or a `% n` of
-    them}),
-    the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those in [0, n)
-    whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the value whose memory each
-    value made by a view, a cast or a copy may share (`base`: an in-place change of one changes the others), what
-    reached a table, and the inputs whose bound is not known (`unbounded`: input → why, module docstring)."""
+    them}), the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those in
+    [0, n) whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the value whose
+    memory each value made by a view, a cast or a copy may share (`base`: an in-place change of one changes the
+    others), what reached a table, and the inputs whose bound is not known (`unbounded`: input → why, module
+    docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}

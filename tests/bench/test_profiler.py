@@ -1013,7 +1013,7 @@ def test_inputs_the_model_refuses_are_the_options_error(argv, message, capsys):
     """Ids past recsys's 200,000-row table, or 300 tokens for encoder's 256 positions: the model
     failed in the executor and `wok profile` ended in a traceback (exit 1); then the profile said the model's
     failure (`model 'recsys' failed: RuntimeError: Index ...`), where the server refuses such a request before
-    it is batched, by the model's own check, in the words the refusal now gives."""
+    it is batched, by the model's own check, in that refusal's words."""
     fast = ["--batch-sizes", "1,2", "--warmup", "0", "--repeats", "1", "--peak-flops", "1T", "--bandwidth", "1T"]
     assert main(["profile", *argv, *fast]) == 2
     assert message in capsys.readouterr().err
@@ -1080,7 +1080,7 @@ def test_requests_the_server_refuses_are_refused_not_timed(tmp_path, capsys):
         "before it is batched: model 'checked' refused the request: input 'INPUT0': expected at most 8 values; got "
     )
     assert said in err and err.count("'checked'") == 1 and "Traceback" not in err, err
-    # Requests it takes are profiled as before.
+    # Requests it takes are profiled.
     assert main([*argv, "--sizes", "uniform:4:8"]) == 0
     capsys.readouterr()
     # A check that fails is the server's INTERNAL answer, said as such.

@@ -282,7 +282,7 @@ def test_the_fields_a_refusal_reads_are_protobufs(head):
 )
 def test_a_request_over_the_limit_whose_head_does_not_parse_is_refused_in_protobufs_words(cut):
     # What the walk leaves to protobuf, or a field the refusal reads that does not parse: the whole message is
-    # parsed, as before, and its error said.
+    # parsed, as one under the limit is, and its error said.
     data = cut(typed_request(LARGE_REQUEST).SerializeToString())
     with pytest.raises(DecodeError) as info:
         pb.ModelInferRequest.FromString(data)

@@ -362,7 +362,8 @@ class InPlaceCompare(nn.Module):
 
 
 def test_an_in_place_comparison_of_integers_is_no_mask():
-    """It was taken as one (`table[mask]` of a parameter, TABLES56): bound 100, and id 1 failed `small`'s one row."""
+    """It was taken for a mask (`table[mask]` of a parameter keeps the bound): bound 100, and id 1 failed `small`'s
+    one row."""
     module = InPlaceCompare().eval()
     module(torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(IndexError):
@@ -447,7 +448,7 @@ class BytesRemainder(ViewedAsBytes):
 
 def test_ids_viewed_as_another_dtype_are_not_the_ids():
     """Read as a reshape, both were bound and checked below a's and b's 300 rows; id 128 failed b (and an int8's
-    `% 200` was taken as within 200, TABLES56). TorchScript has no `view(dtype)`: it scripts `view(torch.int8)` as
+    `% 200` was taken as within 200). TorchScript has no `view(dtype)`: it scripts `view(torch.int8)` as
     `view([1])`, a reshape, so the python and exported forms alone."""
     example = (torch.zeros(1, 3, dtype=torch.long),)
     for cls in (ViewedAsBytes, BytesRemainder):
@@ -599,7 +600,7 @@ class ComparedInto(MaskCast):
 
 
 def test_a_comparison_written_into_a_tensor_given_is_no_mask():
-    """It was taken as one, kept through the reshape (TABLESWORD56; without one, before it): the python and scripted
+    """It was taken for a mask, and stayed one through the reshape, as a mask does: the python and scripted
     forms published bound 100, and id 1 failed `one`'s one row. The exported graph has no `out=` (it had none)."""
     module = ComparedInto().eval()
     module(torch.zeros(2, 3, dtype=torch.long))
