@@ -3,7 +3,7 @@
     python bench/large_decode.py [--reps 15] [--json out.json] [--codec-before NAME=FILE ...]
 
 A request of `codec.LARGE_REQUEST` bytes or more is read by `parse_infer_request`: its raw tensors as views of
-the received bytes, its size counted without serializing it. Below that size it is protobuf's parse, as before.
+the received bytes, its size counted without serializing it. Below that size protobuf parses it.
 Each figure is one request's parse, size (`ByteSize`, as the server's size limit read it until 2026-12-06) and a
 read of every raw entry, the two ways interleaved within each rep (the order reversed every other rep); the
 medians of the reps, and the median of the per-rep ratios.
@@ -252,7 +252,7 @@ def _codec_file(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name.isidentifier() or name == "current" or not path:
         raise argparse.ArgumentTypeError(
-            f"expected NAME=FILE, NAME a Python identifier other than 'current', got {text!r}"
+            f"expected NAME=FILE, NAME a Python identifier other than 'current'; got {text!r}"
         )
     return name, path
 
@@ -263,7 +263,7 @@ OVERSIZED_LIMIT = 16 << 20  # the --max-request-bytes it is refused under
 
 
 def _oversized(reps: int) -> dict:
-    """Refusing a typed request over the limit: parsed whole (as before) against its head alone (`_head_of`)."""
+    """Refusing a typed request over the limit: parsed whole (until 2026-12-06) against its head alone (`_head_of`)."""
     import numpy as np
 
     from wok import codec
@@ -279,7 +279,8 @@ def _oversized(reps: int) -> dict:
     size = len(data)
 
     def whole(data: bytes):
-        return codec.OversizedRequest(codec._parse_large(data), size, OVERSIZED_LIMIT)  # parse_infer_request's, before
+        # parse_infer_request's way until 2026-12-06: the whole message parsed, then wrapped.
+        return codec.OversizedRequest(codec._parse_large(data), size, OVERSIZED_LIMIT)
 
     def head(data: bytes):
         return codec.parse_infer_request(data, OVERSIZED_LIMIT)
@@ -339,10 +340,12 @@ def main(argv=None) -> int:
         ap.error(refusal)
     files = dict(args.codec_before)
     if len(files) < len(args.codec_before):
-        ap.error("--codec-before: each NAME once")
+        names = [name for name, _ in args.codec_before]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        ap.error(f"--codec-before: expected each NAME once; got {', '.join(twice)} more than once")
     for name, path in files.items():
         if not os.path.isfile(path):
-            ap.error(f"--codec-before {name}: expected a file, got {path!r}")
+            ap.error(f"--codec-before {name}: expected a file; got {path!r}")
     from wok.codec import LARGE_REQUEST
 
     results = _measure(args.reps, lambda size: print(f"{size} bytes done", file=sys.stderr, flush=True))

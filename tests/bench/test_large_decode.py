@@ -41,10 +41,10 @@ def test_codecs_times_the_current_codec_against_a_file_loaded_beside_it(tmp_path
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ("codec.py", "expected NAME=FILE, NAME a Python identifier other than 'current', got 'codec.py'"),
-        ("current=codec.py", "got 'current=codec.py'"),
-        ("a-b=codec.py", "got 'a-b=codec.py'"),
-        ("old=", "got 'old='"),
+        ("codec.py", "expected NAME=FILE, NAME a Python identifier other than 'current'; got 'codec.py'"),
+        ("current=codec.py", "; got 'current=codec.py'"),
+        ("a-b=codec.py", "; got 'a-b=codec.py'"),
+        ("old=", "; got 'old='"),
     ],
 )
 def test_codec_before_refuses_what_is_not_a_name_and_a_file(value, expected, capsys):
@@ -58,10 +58,10 @@ def test_codec_before_refuses_a_missing_file_and_a_name_given_twice(tmp_path, ca
     with pytest.raises(SystemExit) as info:
         large_decode.main(["--codec-before", f"old={tmp_path / 'none.py'}"])
     assert info.value.code == 2
-    assert f"--codec-before old: expected a file, got '{tmp_path / 'none.py'}'" in capsys.readouterr().err
+    assert f"--codec-before old: expected a file; got '{tmp_path / 'none.py'}'" in capsys.readouterr().err
     file = tmp_path / "codec.py"
     file.write_text("")
     with pytest.raises(SystemExit) as info:
         large_decode.main(["--codec-before", f"old={file}", "--codec-before", f"old={file}"])
     assert info.value.code == 2
-    assert "--codec-before: each NAME once" in capsys.readouterr().err
+    assert "--codec-before: expected each NAME once; got old more than once" in capsys.readouterr().err
