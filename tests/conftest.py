@@ -41,14 +41,12 @@ SERIAL_FILES = frozenset(
         "bench/test_ceiling.py",
         "bench/test_chaos.py",
         "bench/test_cold_batch.py",
-        "bench/test_latency_breakdown.py",
         "bench/test_queue_memory.py",
         "bench/test_ramp.py",
         "bench/test_refusal_cost.py",
         "bench/test_server_timing.py",
         "bench/test_soak.py",
         "bench/test_stream_vs_unary.py",
-        "clients/test_balancing.py",
         "demo/test_demo.py",
         "demo/test_page_controls.py",
         "integration/test_cpu_wakeup_latency.py",
@@ -56,13 +54,10 @@ SERIAL_FILES = frozenset(
         "integration/test_overload_and_shutdown.py",
         "integration/test_prometheus_scrape.py",
         "integration/test_replicas.py",
-        "integration/test_server_timing.py",
         # Timers and flushes to the sub-millisecond (the delay flush's median lateness <= 0.5 ms
-        # read 1.8-5 ms beside a second worker on a slow host: server/test_batcher.py marks those tests alone).
+        # read 1.8-5 ms beside a second worker on a slow host): server/test_batcher.py, test_timers.py,
+        # test_loopmon.py and test_slo_policy.py mark those tests alone.
         "server/test_cpulatency.py",
-        "server/test_loopmon.py",
-        "server/test_slo_policy.py",
-        "server/test_timers.py",
         "server/test_wakeup.py",
     }
 )

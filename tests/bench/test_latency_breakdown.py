@@ -4,6 +4,7 @@ and invariants."""
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -14,12 +15,21 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def run_script(name: str, monkeypatch, *argv: str) -> None:
+    """Run the script in this process. What it sets for its torch (the intra-op threads, linear_kernels' 1 by default;
+    OMP_WAIT_POLICY for the children) must not outlive the test: the files that follow on the same pytest-xdist
+    worker would run with it."""
+    import torch
+
     script = str(BENCH / name)
     monkeypatch.setattr(sys, "argv", [script, *argv])
+    monkeypatch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    threads = torch.get_num_threads()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         assert exc.code == 0
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_short_run_writes_a_consistent_breakdown(tmp_path, monkeypatch):

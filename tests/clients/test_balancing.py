@@ -25,6 +25,11 @@ pytestmark = pytest.mark.timeout(60)
 CODE = grpc.StatusCode
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 INPUTS: dict = {}  # the stub answers whatever is asked; an empty request is enough
+# IN_TIME: the tests marked `serial` (run alone, after the parallel pass: tests/conftest.py) need something to happen
+# within a time that a second worker's load could stretch: the held call's UNAVAILABLE within 25 s (about 11 s of gRPC's
+# ping and reconnection timers), and a channel still READY when read right after its first call, on a connection the
+# server ends 0.5 s after it opened (max_connection_age). The others count the attempts that reached each server and
+# which one answered (counts that hold whatever the order of the calls), with deadlines of 10-20 s that no load reaches.
 
 
 async def answered_by(client: AsyncClient) -> str:
@@ -222,6 +227,7 @@ async def test_a_server_gone_mid_run_costs_no_call(stub):
             assert set(results) == {"a"}
 
 
+@pytest.mark.serial  # (see IN_TIME)
 async def test_max_connection_age_closes_connections_and_calls_go_on():
     """`wok serve --max-connection-age`: the server ends each connection after the age
     (GOAWAY), so the channel leaves READY by itself; the next call reconnects."""
@@ -246,6 +252,7 @@ async def test_max_connection_age_closes_connections_and_calls_go_on():
         await server.stop(grace=2)
 
 
+@pytest.mark.serial  # (see IN_TIME)
 def test_a_call_held_by_a_stopped_server_fails_unavailable_long_before_its_deadline(held_call):
     """A server that hangs with its connection open (SIGSTOP: the kernel still accepts connections,
     nothing answers): an unanswered ping (gRPC's, sent as the call before's answer arrived; on a

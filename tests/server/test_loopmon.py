@@ -19,6 +19,9 @@ LOOPS = ("asyncio", "uvloop")
 # Long beside this host's own hiccups (up to ~70 ms seen on a loaded 2-core machine), so a
 # descheduled process cannot pass for the stall.
 STALL_S = 0.25
+# LAG_BOUND: the tests marked `serial` (run alone, after the parallel pass: tests/conftest.py) bound the lags read: the
+# stall's one late sample (a descheduling of over STALL_S / 2 beside it reads as a second) within 50 ms of the stall,
+# and an idle loop's median under 1 ms. The others count samples, or check refusals and the exported histogram.
 
 
 async def _stall_once() -> tuple[list[float], LoopLagMonitor]:
@@ -36,6 +39,7 @@ async def _stall_once() -> tuple[list[float], LoopLagMonitor]:
     return lags[before:], mon
 
 
+@pytest.mark.serial  # (see LAG_BOUND)
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_stall_of_the_loop_shows_as_one_late_sample(run_on, loop):
     lags, mon = run_on(loop, _stall_once())  # the samples from the stall on
@@ -48,6 +52,7 @@ def test_a_stall_of_the_loop_shows_as_one_late_sample(run_on, loop):
     assert all(x >= 0 for x in lags)
 
 
+@pytest.mark.serial  # (see LAG_BOUND)
 def test_an_idle_loop_answers_on_time(run_on):
     async def main():
         lags: list[float] = []

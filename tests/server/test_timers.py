@@ -25,6 +25,11 @@ from wok.timers import PreciseSleeper, PreciseTimer
 
 LOOPS = ("asyncio", "uvloop")
 LATE_MEDIAN_S = 0.5e-3  # the stated tolerance: half the loops' own 1 ms timer granularity
+# LATENESS: the tests marked `serial` (run alone, after the parallel pass: tests/conftest.py) hold the median lateness
+# to LATE_MEDIAN_S, judged on the firings whose thread never waited for a CPU: beside a second worker too few may be,
+# and the test skips, the check not made. Or they need the loop to run an early timer within the 100 ms before its
+# instant (the early-loop fallback's steps). The others hold each firing to "never early" and check which instant
+# fired (instants 1 s apart told apart), what a loaded loop only delays.
 
 
 async def _fire_many(n: int, precise: bool, had_cpu: bool = False) -> tuple[list[float], list[float], list[bool], bool]:
@@ -64,6 +69,7 @@ async def _fire_many(n: int, precise: bool, had_cpu: bool = False) -> tuple[list
     return armed, fired, waited, precise
 
 
+@pytest.mark.serial  # (see LATENESS)
 @pytest.mark.skipif(sys.platform != "linux", reason="the timerfd is Linux's")
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_timer_fires_once_per_arming_never_before_its_instant_and_within_the_tolerance(run_on, loop):
@@ -177,6 +183,7 @@ def test_an_instant_already_past_fires_on_the_next_pass(run_on, loop, precise):
 SLEEPS_JUDGED = 29  # the sleeper's lateness median is taken over this many sleeps
 
 
+@pytest.mark.serial  # (see LATENESS)
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_sleeper_returns_at_or_after_each_instant(run_on, loop):
     """On a schedule 0.7 ms apart, as the bench paces its sends. Every return is at or after its
@@ -228,6 +235,7 @@ class _EarlyLoop(asyncio.SelectorEventLoop):
         return super().call_at(when - max(when - self.time(), 0) / 2, callback, *args, context=context)
 
 
+@pytest.mark.serial  # (see LATENESS)
 def test_the_fallback_on_an_early_loop_fires_once_after_its_instant_and_disarm_rearm_close_still_hold():
     """Each step acts while the timer waits out the rest (about 100 ms of it), after its first
     early firing: what a busy machine delays is when that lands, not whether the step was in time."""
