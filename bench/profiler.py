@@ -808,9 +808,9 @@ def _check_as_served(servable: Servable, requests: Sequence[dict[str, np.ndarray
         try:
             check_values(servable, request)
         except Exception as exc:
-            # Refused (InvalidInput), or the check failed (a config's check: ModelExecutionError, INTERNAL). A
-            # Servable's own check is not wrapped: whatever else it raises, a ValueError too, the server answers
-            # INTERNAL in to_status's words ("internal error: KeyError: 'x'"), which is what the profile says. A
+            # Refused (InvalidInput), or the check failed (a config's check: ModelExecutionError, INTERNAL). Whatever
+            # else a Servable's own check raises, a ValueError too, the server answers INTERNAL in to_status's words
+            # ("internal error: KeyError: 'x'": servable's CheckFailed), which is what the profile says. A
             # BaseException is no check's answer here: a Ctrl-C stays one.
             return _served(servable, exc, "before it is batched")
     return None

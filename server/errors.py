@@ -118,6 +118,18 @@ class BatcherFailed(ModelExecutionError):
     the model refuses every request until the server restarts; counted as rejected (`model_failed`)."""
 
 
+class CheckFailed(WokError):
+    """A Servable's own check failed itself: it raised what is no WokError (a refusal is InvalidInput). Its
+    caller is answered as for any exception no WokError ends a request with (to_status: INTERNAL, "internal error:
+    ValueError: ..."), but the servable has logged it, rate-limited (servable.CheckFailureLog): the handler, which
+    logs such an exception on every request, leaves it. Raised from the check's exception."""
+
+    def __init__(self, exc: Exception) -> None:
+        code, details = to_status(exc)
+        super().__init__(details)
+        self.code = code
+
+
 class WarmupError(ModelExecutionError):
     """The model failed its start-up warm-up: its config (or the model) must change, so `wok serve`
     exits as for any other config error. `device_lost`: the failure was a device-side error that

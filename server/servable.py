@@ -17,7 +17,6 @@ import itertools
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -30,14 +29,17 @@ from .config import ModelConfig, TensorConfig
 from .datatypes import Datatype, datatype
 from .errors import (
     NAME_CHARS,
+    CheckFailed,
     ConfigError,
     InvalidInput,
     ModelExecutionError,
+    WokError,
     error_line,
     escaped,
     message_of,
     quoted_name,
 )
+from .ratelog import Throttle
 from .tensors import to_numpy_view, torch_dtype
 
 log = logging.getLogger("wok")
@@ -139,6 +141,26 @@ class HostBuffers:
         return {b.untyped_storage().data_ptr() for b in self._flat.values()}
 
 
+class CheckFailureLog:
+    """A model's check that failed itself (not a refusal: servable's `check`) at WARNING in the server's log, with
+    its traceback: the first at once, then at most one per `every_s`, saying how many were not logged in between.
+    The check runs on every request, which a broken one fails each of: a line (and traceback) per request was
+    thousands a second under load. What is held is told in the next line (its Throttle is not armed on a loop: a
+    check also runs where none runs, in `wok profile`)."""
+
+    def __init__(self, model: str, check: str, every_s: float = 10.0) -> None:
+        self.model = model
+        self.check = check  # as the line names it: the config's 'module:callable', or a Servable's own method
+        self.throttle = Throttle(every_s)
+
+    def failed(self, exc: BaseException) -> None:
+        held = self.throttle.due()
+        if held is None:
+            return
+        more = f" ({held} more failures of its check since the last logged)" if held else ""
+        log.warning("model '%s': its check (%s) failed%s", self.model, self.check, more, exc_info=exc)
+
+
 class Servable:
     """A model as served: config, the module (one copy per device) and the batching hooks."""
 
@@ -168,12 +190,18 @@ class Servable:
         self.id_ranges = MappingProxyType(dict(id_ranges or {}))
         self.id_least = MappingProxyType(dict(id_least or {}))
         self.id_bounds = MappingProxyType(dict(id_bounds or {}))
+        # Bound here, not tested per request: a model without a check keeps the no-op method.
+        self.check_failures: CheckFailureLog | None = None
         if check is not None:
-            # Bound here, not tested per request: a model without one keeps the no-op method.
             self._user_check = check
             self._check_returned = False  # a value the check returned has been logged
-            self._check_log_next = -math.inf  # when the check's next failure may be logged
+            self.check_failures = CheckFailureLog(config.name, config.check)
             self.check = self._run_user_check
+        elif type(self).check is not Servable.check:
+            own = type(self)
+            self._own_check = self.check
+            self.check_failures = CheckFailureLog(config.name, f"{own.__module__}:{own.__qualname__}.check")
+            self.check = self._run_own_check
         self.platform_label = platform_label or config.platform
         self._module = module.eval()
         self._per_device: dict[str, nn.Module] = {}
@@ -334,13 +362,23 @@ class Servable:
                     type(result).__name__,
                 )
             return
-        now = time.monotonic()
-        if now >= self._check_log_next:  # every request may fail so: at most one line per 10 s
-            self._check_log_next = now + 10.0
-            log.warning("model '%s': its check (%s) failed", self.name, self.config.check, exc_info=own)
+        self.check_failures.failed(own)
         raise ModelExecutionError(
             f"model '{self.name}': its check ({self.config.check}) failed: {error_line(own)}"
         ) from own
+
+    def _run_own_check(self, inputs: dict[str, np.ndarray]) -> None:
+        """A subclass's own `check`: a WokError it raises (its InvalidInput) is its answer to the request, as it
+        is; anything else, the check's own failure, is answered in to_status's code and words (CheckFailed) and
+        logged here, rate-limited, as the config's check's is: the handler logged it with a traceback on every
+        request. A BaseException is left as it is: a Ctrl-C in `wok profile`'s checks stays one."""
+        try:
+            self._own_check(inputs)
+        except WokError:
+            raise
+        except Exception as exc:
+            self.check_failures.failed(exc)
+            raise CheckFailed(exc) from exc
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         """Requests share a batch only when their keys are equal."""

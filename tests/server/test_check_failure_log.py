@@ -1,0 +1,146 @@
+"""A model's check that fails itself (raises what is no refusal) on every request: each caller gets the same
+answer as before, and the server's log gets one line with the traceback per window, with a count of the rest
+(servable.CheckFailureLog), for a Servable's own check as for a config's `check` (server/servable.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+import grpc
+import numpy as np
+import pytest
+from torch import nn
+
+from wok.codec import decode_response, encode_request
+from wok.errors import InvalidInput, ModelExecutionError
+from wok.repository import load_servable
+from wok.servable import Servable
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+from .conftest import four_wide_config
+from .test_repository_check import checked_model
+
+BAD = 1e7  # a value BuggyCheck's check fails on
+DETAILS = "internal error: ValueError: a bug in the check over 1e6"
+
+
+class BuggyCheck(Servable):
+    """A servable whose own check refuses a negative value (wok's InvalidInput, the client's fault) and has a bug
+    on a value over 1e6: a plain ValueError, which a Servable's check does not raise to refuse (INTERNAL)."""
+
+    def check(self, inputs):
+        x = inputs["INPUT0"]
+        if (x < 0).any():
+            raise InvalidInput("input 'INPUT0': values must be >= 0")
+        if (x > 1e6).any():
+            raise ValueError("a bug in the check over 1e6")
+
+
+@asynccontextmanager
+async def served(servable: Servable):
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            yield server, pb_grpc.GRPCInferenceServiceStub(ch)
+    finally:
+        await server.stop(grace=5.0)
+
+
+def request(value: float, request_id: str = "") -> pb.ModelInferRequest:
+    req = encode_request("own", {"INPUT0": np.full((1, 4), value, np.float32)})
+    req.id = request_id
+    return req
+
+
+def check_lines(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_servables_own_check_that_fails_is_logged_once_a_window_with_a_count_of_the_rest(caplog):
+    s = BuggyCheck(four_wide_config("own"), nn.Identity())
+    now = [0.0]
+    s.check_failures.throttle.clock = lambda: now[0]  # the window moves only when the test moves it
+    what = f"{BuggyCheck.__module__}:{BuggyCheck.__qualname__}.check"
+    async with served(s) as (server, stub):
+        with caplog.at_level(logging.WARNING):
+            results = await asyncio.gather(*(stub.ModelInfer(request(BAD)) for _ in range(20)), return_exceptions=True)
+            # The same on a stream: each request its error answer, none of them a traceback in the log.
+            answers = [a async for a in stub.ModelStreamInfer(iter([request(BAD, f"s{i}") for i in range(5)]))]
+            # The client's answer: errors.to_status of the check's ValueError, INTERNAL in its words.
+            for r in results:
+                assert isinstance(r, grpc.aio.AioRpcError), r
+                assert (r.code(), r.details()) == (grpc.StatusCode.INTERNAL, DETAILS)
+            assert sorted(a.infer_response.id for a in answers) == [f"s{i}" for i in range(5)]
+            for a in answers:
+                assert a.error_message == DETAILS
+                assert a.infer_response.parameters["status_code"].int64_param == grpc.StatusCode.INTERNAL.value[0]
+            # One line with the traceback; the handler logged one per request (25, "ModelInfer for model 'own' failed").
+            lines = check_lines(caplog)
+            assert len(lines) == 1, [r.getMessage() for r in lines]
+            first = lines[0]
+            assert first.getMessage() == f"model 'own': its check ({what}) failed"
+            assert isinstance(first.exc_info[1], ValueError)
+            assert str(first.exc_info[1]) == "a bug in the check over 1e6"
+            # The check's refusal is the client's, never logged; a good request is answered.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(request(-1.0))
+            assert (info.value.code(), info.value.details()) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "input 'INPUT0': values must be >= 0",
+            )
+            out = decode_response(await stub.ModelInfer(request(2.0)))
+            np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+            assert len(check_lines(caplog)) == 1
+            # A window later, the next failure is logged, with the count of those held since the last line.
+            now[0] += s.check_failures.throttle.every_s
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(request(BAD))
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INTERNAL, DETAILS)
+            second = check_lines(caplog)[1:]
+            assert [r.getMessage() for r in second] == [
+                f"model 'own': its check ({what}) failed (24 more failures of its check since the last logged)"
+            ]
+            assert isinstance(second[0].exc_info[1], ValueError)
+            stats = (await stub.ModelStatistics(pb.ModelStatisticsRequest(name="own"))).model_stats[0]
+    # Counted as a client sees it: each failure an INTERNAL answer and a fail, none of them refused as invalid.
+    m = server.metrics.models["own"]
+    assert (m.rejections["invalid"], m.responses["INTERNAL"], m.responses["INVALID_ARGUMENT"]) == (1, 26, 1)
+    assert (stats.inference_stats.fail.count, stats.inference_stats.success.count) == (20 + 5 + 1 + 1, 1)
+
+
+def test_a_servable_without_its_own_check_keeps_the_no_op_and_logs_nothing():
+    s = Servable(four_wide_config("plain"), nn.Identity())
+    assert s.check.__func__ is Servable.check
+    assert s.check_failures is None
+
+
+def test_a_config_checks_failures_held_in_a_window_are_counted_in_the_next_line(tmp_path, caplog):
+    s = load_servable(checked_model(tmp_path))
+    now = [0.0]
+    s.check_failures.throttle.clock = lambda: now[0]
+    bug = {"INPUT0": np.full((1, 4), 1e7, np.float32)}  # model:check's KeyError
+    with caplog.at_level(logging.WARNING, logger="wok"):
+        for _ in range(3):
+            with pytest.raises(ModelExecutionError):
+                s.check(bug)
+        now[0] += 9.9  # still within the window
+        with pytest.raises(ModelExecutionError):
+            s.check(bug)
+        now[0] += 0.1
+        with pytest.raises(ModelExecutionError) as info:
+            s.check(bug)
+    # The answer as before: the check named, its error's line.
+    assert str(info.value) == "model 'chk': its check (model:check) failed: KeyError: 'a bug in the check'"
+    assert [r.getMessage() for r in caplog.records] == [
+        "model 'chk': its check (model:check) failed",
+        "model 'chk': its check (model:check) failed (3 more failures of its check since the last logged)",
+    ]
+    assert all(isinstance(r.exc_info[1], KeyError) for r in caplog.records)
