@@ -1,6 +1,6 @@
-"""A model's check that fails itself (raises what is no refusal) on every request: each caller gets the same
-answer as before, and the server's log gets one line with the traceback per window, with a count of the rest
-(servable.CheckFailureLog), for a Servable's own check as for a config's `check` (server/servable.py)."""
+"""A model's check that fails itself (raises what is no refusal) on every request: each caller gets the answer
+to_status gives that exception, and the server's log gets one line with the traceback per window, with a count of
+the rest (servable.CheckFailureLog), for a Servable's own check as for a config's `check` (server/servable.py)."""
 
 from __future__ import annotations
 
