@@ -34,6 +34,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 from wok.bench.outputs import finish_json, refuse_unwritable
 from wok.bench.payloads import integer_refusal
@@ -41,6 +42,19 @@ from wok.bench.payloads import integer_refusal
 SCHEMA = "wok.large_decode/1"
 # Request sizes (bytes of raw FP32 tensor): below LARGE_REQUEST, at it, and well past it.
 SIZES = (1 << 10, 16 << 10, 64 << 10, 1 << 20, 64 << 20)
+
+
+def _alternated(ways: dict, reps: int, figure: Callable, warm: Callable | None = None) -> dict[str, list[float]]:
+    """Each way's `figure(way)` once a rep, the ways in turn, their order reversed every other rep (so that neither
+    always runs first), after one `warm(way)` each (`figure` where none is given)."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for way in ways.values():
+        (warm or figure)(way)
+    for rep in range(reps):
+        order = list(ways.items())
+        for name, way in order if rep % 2 == 0 else reversed(order):
+            times[name].append(figure(way))
+    return times
 
 
 def _request(size: int) -> bytes:
@@ -72,13 +86,12 @@ def _measure(reps: int, progress) -> list[dict]:
         data = _request(size)
         # Small requests take microseconds: each figure is the mean of a loop long enough to time.
         loops = max(1, (1 << 22) // size)
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        for parse in ways.values():  # warm
-            _read(parse, data)
-        for rep in range(reps):
-            order = list(ways.items())
-            for name, parse in order if rep % 2 == 0 else reversed(order):
-                times[name].append(sum(_read(parse, data) for _ in range(loops)) / loops)
+        times = _alternated(
+            ways,
+            reps,
+            lambda parse, data=data, loops=loops: sum(_read(parse, data) for _ in range(loops)) / loops,
+            lambda parse, data=data: _read(parse, data),
+        )
         medians = {name: 1e6 * statistics.median(v) for name, v in times.items()}
         ratio = statistics.median(a / b for a, b in zip(times["wok"], times["protobuf"]))
         out.append({"bytes": len(data), "loops": loops, "median_us": medians, "median_ratio_wok_over_protobuf": ratio})
@@ -137,13 +150,7 @@ def _size_check(reps: int, progress) -> dict:
         x = np.arange(rows * 256, dtype=np.float32).reshape(rows, 256) / 1024
         data = encode_request("mlp", {"INPUT0": x}).SerializeToString()
         assert type(by_received(data)) is pb.ModelInferRequest  # the small path: no wrapper, no ByteSize
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        for run in ways.values():  # warm
-            run(data)
-        for rep in range(reps):
-            order = list(ways.items())
-            for name, run in order if rep % 2 == 0 else reversed(order):
-                times[name].append(run(data) / loops)
+        times = _alternated(ways, reps, lambda run, data=data: run(data) / loops)
         medians = {name: 1e6 * statistics.median(v) for name, v in times.items()}
         diffs = {
             part: [1e6 * (a - b) for a, b in zip(times[f"{part}_bytesize"], times[f"{part}_received"])]
@@ -222,13 +229,7 @@ def _codecs(reps: int, files: dict[str, str], progress) -> dict:
                 raise RuntimeError(
                     f"codec {name} ({files.get(name, codec.__file__)}) read the {rows}-row request as {got}"
                 )
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        for run in ways.values():  # warm
-            run(data)
-        for rep in range(reps):
-            order = list(ways.items())
-            for name, run in order if rep % 2 == 0 else reversed(order):
-                times[name].append(run(data) / loops)
+        times = _alternated(ways, reps, lambda run, data=data: run(data) / loops)
         diffs = {name: [1e6 * (b - a) for a, b in zip(times["current"], times[name])] for name in files}
         out.append(
             {
@@ -295,13 +296,7 @@ def _oversized(reps: int) -> dict:
             return time.perf_counter() - began
         raise AssertionError("the oversized request was not refused")
 
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for parse in ways.values():  # warm
-        refuse(parse)
-    for rep in range(reps):
-        order = list(ways.items())
-        for name, parse in order if rep % 2 == 0 else reversed(order):
-            times[name].append(refuse(parse))
+    times = _alternated(ways, reps, refuse)
     return {
         "bytes": size,
         "values": OVERSIZED_VALUES,

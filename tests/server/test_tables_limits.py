@@ -228,7 +228,7 @@ class QuantizedBuffer(nn.Module):
         return self.emb(ids).sum(1) * self.scales.dequantize().sum()
 
 
-def test_a_buffer_with_no_meta_form_is_copied_for_the_trace_as_before():
+def test_a_buffer_with_no_meta_form_is_deep_copied_for_the_trace():
     """A quantized buffer has no meta tensor: empty_like(device="meta") raised NotImplementedError outside the
     trace's own try, the whole finder failed and the model's inputs went unchecked ("its graph could not be read").
     Such a buffer is deep-copied for the trace instead."""
