@@ -642,12 +642,18 @@ class WorkerProcesses:
                 self._lent = False
                 _end(procs, terminate=True)
             else:
-                for c in conns:
-                    try:
-                        c.send(None)
-                    except (BrokenPipeError, OSError):
-                        pass
-                _end(procs)
+                told = False
+                try:
+                    for c in conns:
+                        try:
+                            c.send(None)
+                        except (BrokenPipeError, OSError):
+                            pass
+                    told = True
+                finally:
+                    # A signal between the sends (a Ctrl-C) left every worker unreaped, those not yet told waiting
+                    # for a ramp that never comes: they are terminated, and each is waited for, the signal raised after.
+                    _end(procs, terminate=not told)
         finally:
             # Also when `_end` raises (a Ctrl-C in its wait): taken off self above, they were left open until collected.
             for c in conns:
@@ -677,16 +683,20 @@ def _end(procs: list, terminate: bool = False) -> None:
     finally:
         # Those past their wait, or every one left where a signal cut it short. Waited for after the kill too: its
         # exit code read None just after, the worker not yet reaped.
+        interrupted = None
         for p in procs:
-            if p.is_alive():
-                p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
-        _reap(procs)
+            try:
+                if p.is_alive():
+                    p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
+            except BaseException as exc:  # a second Ctrl-C: the workers after this one are killed and reaped too
+                interrupted = interrupted or exc
+        _reap(procs, interrupted)
 
 
-def _reap(procs: list) -> None:
-    """Wait up to END_WAIT_S for each of `procs` (killed: they end at once). A signal in a wait (a second Ctrl-C) is
-    raised once each has been waited for: raised at once, it left that worker and those after it unreaped."""
-    interrupted = None
+def _reap(procs: list, interrupted: BaseException | None = None) -> None:
+    """Wait up to END_WAIT_S for each of `procs` (killed: they end at once). A signal in a wait (a second Ctrl-C), or
+    `interrupted` (one in the kills before), is raised once each has been waited for: raised at once, it left that
+    worker and those after it unreaped."""
     for p in procs:
         for _ in range(3):  # the wait the signal cut short, again: bounded, for a user who keeps pressing Ctrl-C
             try:

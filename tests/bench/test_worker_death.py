@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 
+from wok.bench import workers
 from wok.bench.faults import post_fault
 from wok.bench.runner import RampConfig, build_pool, status_name
 from wok.bench.scrape import scrape
@@ -503,3 +504,57 @@ def test_a_ctrl_c_in_stop_closes_the_pipes_and_leaves_no_worker_unreaped():
     assert [c.closed for c in conns] == [True, True]
     assert [p.pid for p in procs if not _reaped(p.pid)] == []
     assert len(processes) == 0
+
+
+def _taken(n: int) -> tuple[WorkerProcesses, list, list]:
+    processes = WorkerProcesses().start()
+    conns, procs, _ = processes.take(n)
+    processes.give_back()
+    return processes, conns, procs
+
+
+def _kill_left(procs: list) -> None:
+    for p in procs:  # left running by a failure: not to outlive the test
+        if p.exitcode is None:
+            p.kill()
+            p.join(10)
+
+
+def test_a_signal_between_the_stop_words_ends_and_reaps_every_worker():
+    """A Ctrl-C as `stop` told its workers to exit, one by one, left them all unreaped, and those not yet told
+    waiting for a ramp that never came."""
+    processes, conns, procs = _taken(2)
+
+    def interrupted(_word) -> None:
+        raise KeyboardInterrupt("SIGINT")  # as the CLI's handler raises it, inside the send
+
+    conns[1].send = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            processes.stop()
+        assert [p.exitcode is not None for p in procs] == [True, True]
+        assert all(c.closed for c in conns)
+    finally:
+        del conns[1].send
+        _kill_left(procs)
+
+
+def test_a_signal_as_the_workers_are_killed_still_kills_and_reaps_those_after_it(monkeypatch):
+    """A second Ctrl-C in `_end`'s kills (the workers past their wait) left the ones after it running, unreaped."""
+    processes, _conns, procs = _taken(2)
+    monkeypatch.setattr(workers, "END_WAIT_S", 0.1)  # not told to exit: each is past its wait, and killed
+    kill = procs[0].kill
+
+    def interrupted() -> None:
+        kill()
+        raise KeyboardInterrupt("SIGINT")
+
+    procs[0].kill = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            workers._end(procs)
+        assert [p.exitcode for p in procs] == [-signal.SIGKILL, -signal.SIGKILL]
+    finally:
+        del procs[0].kill
+        _kill_left(procs)
+        processes.stop()
