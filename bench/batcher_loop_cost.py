@@ -125,7 +125,7 @@ def child(job: dict) -> dict:
         and not os.path.realpath(mod.__file__).startswith(package + os.sep)
     )
     if strays:
-        raise RuntimeError(f"revision {job['rev']}: expected every wok module from {package}, got {strays}")
+        raise RuntimeError(f"revision {job['rev']}: expected every wok module from {package}; got {strays}")
     import wok.batcher
 
     batcher_file = os.path.realpath(wok.batcher.__file__)
@@ -269,11 +269,11 @@ def run_child(rev: str, target: dict, n: int, warmup: int, cases: list[str], tim
         out = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
         raise RuntimeError(
-            f"revision {rev}: expected a JSON line last on its stdout, got {proc.stdout[-500:]!r}"
+            f"revision {rev}: expected a JSON line last on its stdout; got {proc.stdout[-500:]!r}"
         ) from None
     if out["batcher_blob"] != target["batcher_blob"]:
         raise RuntimeError(
-            f"revision {rev}: expected batcher.py blob {target['batcher_blob']}, "
+            f"revision {rev}: expected batcher.py blob {target['batcher_blob']}; "
             f"got {out['batcher_blob']} from {out['imported_from']}"
         )
     return out

@@ -66,6 +66,8 @@ from wok.repository import VERSION
 from wok.v2pb import grpc_service_pb2 as pb
 
 SCHEMA = "wok.fuzz/1"
+# How the long run is started: its usage, its refusals and its own lines after the run all begin with it.
+PROG = "python -m wok.bench.fuzz"
 MODEL_KINDS = ("valid", "random", "renamed", "mutated")
 INT64 = (-(2**63), 2**63 - 1)
 # Shape entries that break naive arithmetic: int32/int64 edges, products that overflow int64.
@@ -688,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
-    ap = ArgumentParser(prog="python -m wok.bench.fuzz", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0, help="how long to fuzz (default 10)")
     ap.add_argument("--target", help="HOST:PORT of a wok server serving the demo models; also send each input there")
     ap.add_argument(
@@ -727,11 +729,11 @@ def main(argv: list[str] | None = None) -> int:
     shown = _print_to_stdout(text.removesuffix("\n"))
     unclear = sum(n for verdict, n in (result.get("server_verdicts") or {}).items() if verdict != "clear")
     if unclear:
-        print(f"wok fuzz: {unclear} unclear answers from the server; the first ones:", file=sys.stderr)
+        print(f"{PROG}: {unclear} unclear answers from the server; the first ones:", file=sys.stderr)
         for answer in result.get("unclear_answers") or ():
             print(f"  {answer['kind']} to '{answer['model']}': {answer['why']}", file=sys.stderr)
     if failed:
-        print(f"wok fuzz: {failed}", file=sys.stderr)
+        print(f"{PROG}: {failed}", file=sys.stderr)
         return 1
     return 1 if unclear or not shown else 0
 

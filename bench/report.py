@@ -91,7 +91,7 @@ def read_json_object(path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+        raise ValueError(f"{path}: expected a JSON object; got {type(doc).__name__}")
     return doc
 
 

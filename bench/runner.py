@@ -263,7 +263,7 @@ def published_bounds(config, model: str, say: Callable[[str], None], notes: list
         if not (text.isascii() and text.isdigit()):
             line = (
                 f"model '{model}': parameter {quoted_name(key)} of its ModelConfig: expected the whole number of its "
-                f"input's id bound, got {quoted_name(text)}; the input is drawn below --int-high"
+                f"input's id bound; got {quoted_name(text)}; the input is drawn below --int-high"
             )
             say(f"warning: {line}")
             if notes is not None:

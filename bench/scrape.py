@@ -134,7 +134,7 @@ def whole(name: str, value: float) -> int:
     is: Prometheus text writes every sample as a float (`102.0`), and a result read `102.0`
     requests. Raises ValueError when it is not a whole number: not a count of wok's."""
     if not math.isfinite(value) or value != round(value):
-        raise ValueError(f"{name}: expected a whole count over the window, got {value!r}")
+        raise ValueError(f"{name}: expected a whole count over the window; got {value!r}")
     return round(value)
 
 

@@ -98,16 +98,19 @@ class BatcherModel(CpuFields):
             raise ValueError(
                 f"batch time α + β·n: expected α, β ≥ 0 and α + β > 0; got α={self.alpha_s}, β={self.beta_s}"
             )
+        # Counts, as the server's settings hold them: a max_batch_size of 2.0 or 2.5 passed `< 1` and ended the
+        # simulation in a TypeError, a max_queue_size of 2.5 was taken, True was taken as 1.
         for name, least in (("max_batch_size", 1), ("instances", 1), ("max_queue_size", 0)):
-            if getattr(self, name) < least:
-                raise ValueError(f"{name}: expected an integer >= {least}; got {getattr(self, name)}")
+            if (refusal := integer_refusal(name, getattr(self, name), least)) is not None:
+                raise ValueError(refusal)
         if self.max_queue_delay_s < 0:
             raise ValueError(f"max_queue_delay_s: expected a number of seconds >= 0; got {self.max_queue_delay_s}")
         # NaN passed `min(times) <= 0` (and min() of (1.0, nan) is 1.0), inf a batch that never ends: a sample
         # drawn as either left its requests without a completion time.
         for n, times in self.batch_samples:
-            if n < 1:
-                raise ValueError(f"batch_samples: expected sizes n ≥ 1; got {n}")
+            # A size is a count of requests, as max_batch_size is.
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"batch_samples: expected integer sizes n ≥ 1; got {n!r}")
             bad = next((t for t in times if not (math.isfinite(t) and t > 0)), None)
             if not times or bad is not None:
                 got = "none" if bad is None else bad  # not `bad or 'none'`: a time of 0 is a time

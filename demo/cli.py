@@ -112,7 +112,7 @@ def run_demo(args) -> int:
     batch_time_s = duration("--alpha", args.alpha) + duration("--beta", args.beta)
     if args.simulate and batch_time_s <= 0:
         raise ValueError(
-            f"--alpha and --beta: expected a batch time above 0 (--alpha + --beta > 0), "
+            f"--alpha and --beta: expected a batch time above 0 (--alpha + --beta > 0); "
             f"got --alpha {args.alpha} and --beta {args.beta}"
         )
     control = LoadControl(args.rate)
@@ -626,10 +626,10 @@ class LiveDemo:
         passed on (the body's "model" went over the demo's) or overridden (its change would then
         be made to the demo's model, which it did not ask for)."""
         if not isinstance(body, dict):
-            raise AdminRequestError(f"body: expected a JSON object, got {shown(body)}")
+            raise AdminRequestError(f"body: expected a JSON object; got {shown(body)}")
         if "model" in body and body["model"] != MODEL:
             raise AdminRequestError(
-                f"field 'model': expected '{MODEL}' (the demo's model) or none, got {shown(body['model'])}"
+                f"field 'model': expected '{MODEL}' (the demo's model) or none; got {shown(body['model'])}"
             )
         if self.admin[1] == 0:
             # The page is served from before the server starts (a port in use is found first), and

@@ -48,11 +48,11 @@ class LoadControl:
         its fields' checks do (a ValueError: the page's server answers 400)."""
         if not isinstance(body, dict):
             # As the admin API shows a value (wok.faults.shown): a body of 64 KiB made a 400 as long.
-            raise AdminRequestError(f"body: expected a JSON object, got {shown(body)}")
+            raise AdminRequestError(f"body: expected a JSON object; got {shown(body)}")
         extra = sorted(set(body) - {"rate", "burst_rate", "burst_s"})
         if extra:
             raise AdminRequestError(
-                f"field {quoted_name(extra[0])}: expected only rate, burst_rate, burst_s, got {shown(body[extra[0]])}"
+                f"field {quoted_name(extra[0])}: expected only rate, burst_rate, burst_s; got {shown(body[extra[0]])}"
             )
         # Every field checked before any applies: a refused body changes nothing.
         rate = check_rate("rate", body["rate"]) if "rate" in body else None

@@ -87,13 +87,13 @@ class SimBackend:
     def set_batching(self, body) -> dict:
         """Change the model's batch size or delay window; see the module's note on when it applies."""
         if not isinstance(body, dict):
-            raise AdminRequestError(f"body: expected a JSON object, got {shown(body)}")
+            raise AdminRequestError(f"body: expected a JSON object; got {shown(body)}")
         # As the live server's admin API: a field it does not know, or another model, was taken
         # without a word (a typo changed nothing, "model": "encoder" changed the simulated one).
         check_batching_body(body)
         if "model" in body and body["model"] != MODEL:
             raise AdminRequestError(
-                f"field 'model': expected '{MODEL}' (the one model simulated) or none, got {shown(body['model'])}"
+                f"field 'model': expected '{MODEL}' (the one model simulated) or none; got {shown(body['model'])}"
             )
         # As the admin API: a body that changes nothing, or a field null, is refused, not answered 200.
         check_batching_change(body)

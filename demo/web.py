@@ -189,7 +189,7 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
     head, _, payload = raw.partition(b"\r\n\r\n")
     m = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", head)
     if m is None:  # the server ended mid-answer: as unreachable, for the caller's 502
-        raise ConnectionError(f"{method} {path}: expected an HTTP answer from {host}:{port}, got {raw[:60]!r}")
+        raise ConnectionError(f"{method} {path}: expected an HTTP answer from {host}:{port}; got {raw[:60]!r}")
     status = int(m.group(1))
     length = re.search(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*(?:\r\n|$)", head, re.IGNORECASE)
     if length is not None:
@@ -319,7 +319,7 @@ class DemoWeb:
             await self._send(writer, 414, {"error": str(exc)}, close=True, head=exc.method == "HEAD")
             return False
         except HeadTooLarge as exc:
-            error = {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"}
+            error = {"error": f"request head: expected at most {MAX_HEAD} bytes; got more"}
             await self._send(writer, 431, error, close=True, head=exc.method == "HEAD")
             return False
         except BadRequest as exc:  # the head's framing, as the metrics port refuses it
@@ -350,7 +350,7 @@ class DemoWeb:
         close = close or self._stopping  # the page stops: this answer is the connection's last
         if path == "/api/events" and method in ("GET", "HEAD"):
             if head:  # as the metrics port's /events: a stream has no length to send
-                error = {"error": f"{quoted(path)}: expected GET, got {quoted(method)}"}
+                error = {"error": f"{quoted(path)}: expected GET; got {quoted(method)}"}
                 await self._send(writer, 405, error, close=close, head=True, allow="GET")
                 return not close
             if self._stopping:  # stop() ends the streams it finds; this one would outlive it
@@ -371,7 +371,7 @@ class DemoWeb:
                 error = f"no path {quoted(path)} here; paths: {PATHS}"
                 await self._send(writer, 404, {"error": error}, close=close, head=head)
             elif method not in ("GET", "HEAD"):
-                error = f"{quoted(path)}: expected GET or HEAD, got {quoted(method)}"
+                error = f"{quoted(path)}: expected GET or HEAD; got {quoted(method)}"
                 # Allow: RFC 9110 15.5.6 (a MUST for a 405).
                 await self._send(writer, 405, {"error": error}, close=close, allow="GET, HEAD")
             else:
@@ -397,6 +397,8 @@ class DemoWeb:
             raise Refused(*refused)
         fields = [header_field(number, line) for number, line in enumerate(lines, 1)]
         headers = dict(fields)
+        # The refusals below that the metrics port also makes are in its words (server/http.py's, ", got" there),
+        # word for word, so that a client meets one text for one fault on either port.
         # Two lengths frame the body two ways (the last was read here); two Hosts may be read
         # apart likewise (RFC 9112 6.3, 3.2).
         for name in ("content-length", "host"):
@@ -438,16 +440,16 @@ class DemoWeb:
         size = int(digits or "0") if len(digits) <= len(str(MAX_BODY)) else MAX_BODY + 1
         if method != "POST":
             if size:  # its bytes would be read as the next request
-                raise Refused(400, f"{method}: expected no body, got Content-Length {quoted(length)}")
+                raise Refused(400, f"{method}: expected no body; got Content-Length {quoted(length)}")
             return path, None, close
         refusal = json_content_type_refusal(
             headers.get("content-type", ""),
-            lambda got: f"Content-Type: expected application/json for a POST, got {quoted(got or 'none')}",
+            lambda got: f"Content-Type: expected application/json for a POST; got {quoted(got or 'none')}",
         )
         if refusal is not None:
             raise Refused(415, refusal)
         if size > MAX_BODY:  # 413, as the metrics port refuses it (RFC 9110 15.5.14); it got 400
-            raise Refused(413, f"Content-Length: expected at most {MAX_BODY} bytes, got {quoted(length)}")
+            raise Refused(413, f"Content-Length: expected at most {MAX_BODY} bytes; got {quoted(length)}")
         if expects and size:
             # Its client waits for this before it sends the body (curl for a second, then sends it
             # anyway); asked only now that the request is acceptable: one refused above had its

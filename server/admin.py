@@ -243,7 +243,7 @@ class Admin:
         rt = self.server.runtimes.get(model) if isinstance(model, str) else None
         if rt is None:
             raise AdminRequestError(
-                f"field 'model': expected one of the served models ({', '.join(sorted(self.server.runtimes))}), "
+                f"field 'model': expected one of the served models ({', '.join(sorted(self.server.runtimes))}); "
                 f"got {shown(model)}"
             )
         check_batching_change(body)
@@ -265,7 +265,7 @@ class Admin:
                 # would answer 200 for a change that does nothing.
                 raise AdminRequestError(
                     f"field 'max_queue_delay_ms': expected no max_queue_delay_ms for model '{model}', whose "
-                    f"batching policy is '{_policy_name(rt)}' (only 'fixed' uses a delay window), got {shown(v)}"
+                    f"batching policy is '{_policy_name(rt)}' (only 'fixed' uses a delay window); got {shown(v)}"
                 )
             changes["max_queue_delay_s"] = check_max_queue_delay_ms(v) / 1e3
         rt.batcher.set_policy(replace(policy, **changes))  # within the configured maximum, checked above

@@ -278,7 +278,7 @@ def check_device(text: str) -> str:
         n = int(index)
         if n <= MAX_DEVICE_INDEX and str(n) == index:  # no leading zero, as torch
             return text
-    raise ValueError(f"expected {DEVICE_FORMS}, got {quoted_name(text)}")
+    raise ValueError(f"expected {DEVICE_FORMS}; got {quoted_name(text)}")
 
 
 # A model's name goes unescaped into V2 HTTP paths (/v2/models/NAME).
@@ -370,7 +370,7 @@ class ModelConfig(_Strict):
             # one of them would have overwritten unseen.
             raise ValueError(
                 f"keys starting with 'wok.' are kept for what the server publishes in its ModelConfig answer "
-                f"({IDS_BOUND_PREFIX}<input>); expected other keys, got {_shown(ours)}"
+                f"({IDS_BOUND_PREFIX}<input>); expected other keys; got {_shown(ours)}"
             )
         return v
 
@@ -633,7 +633,7 @@ def bind_address(value: str) -> str:
     if bare.startswith("[") and bare.endswith("]"):
         bare = bare[1:-1]
     if not bare or not bare.isprintable() or " " in bare or len(bare) > 253:
-        raise ValueError(f"expected an address or a host name, got {quoted_name(value)}")
+        raise ValueError(f"expected an address or a host name; got {quoted_name(value)}")
     return bare
 
 
@@ -790,9 +790,9 @@ def read_config_file(path: Path) -> dict:
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
     if data is None:
-        raise ConfigError(f"{path}: expected a table of settings, got an empty document")
+        raise ConfigError(f"{path}: expected a table of settings; got an empty document")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a table of settings, got {type(data).__name__}")
+        raise ConfigError(f"{path}: expected a table of settings; got {type(data).__name__}")
     return data
 
 

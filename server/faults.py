@@ -68,7 +68,7 @@ class Fault:
         # One without the other was a fault shown to end that never did, or the reverse.
         if (self.until is None) != (self.deadline is None):
             raise ValueError(
-                f"Fault: expected until and deadline both set or both None, got {self.until=}, {self.deadline=}"
+                f"Fault: expected until and deadline both set or both None; got {self.until=}, {self.deadline=}"
             )
 
 
@@ -197,11 +197,11 @@ def check_batching_body(body) -> None:
     """AdminRequestError unless `body` is an object of BATCHING_FIELDS only: a field not known (a
     typo) was taken without a word, and changed nothing."""
     if not isinstance(body, dict):
-        raise AdminRequestError(f"field '(body)': expected a JSON object, got {shown(body)}")
+        raise AdminRequestError(f"field '(body)': expected a JSON object; got {shown(body)}")
     extra = sorted(set(body) - set(BATCHING_FIELDS))
     if extra:
         raise AdminRequestError(
-            f"field {quoted_name(extra[0])}: expected only the fields {', '.join(sorted(BATCHING_FIELDS))}, "
+            f"field {quoted_name(extra[0])}: expected only the fields {', '.join(sorted(BATCHING_FIELDS))}; "
             f"got {shown(body[extra[0]])}"
         )
 
@@ -210,7 +210,7 @@ def check_batching_change(body: dict) -> None:
     """AdminRequestError unless `body` (checked by check_batching_body) changes something: a body of
     the model alone changed nothing, yet was answered as a change made."""
     if "max_batch_size" not in body and "max_queue_delay_ms" not in body:
-        raise AdminRequestError("field 'max_batch_size': expected it or max_queue_delay_ms, got neither")
+        raise AdminRequestError("field 'max_batch_size': expected it or max_queue_delay_ms; got neither")
 
 
 def check_max_batch_size(v, limit: int) -> None:
@@ -218,7 +218,7 @@ def check_max_batch_size(v, limit: int) -> None:
     the admin API and the demo's simulator refuse one in the same words."""
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
         raise AdminRequestError(
-            f"field 'max_batch_size': expected an integer from 1 to {limit} (the model's configured maximum), "
+            f"field 'max_batch_size': expected an integer from 1 to {limit} (the model's configured maximum); "
             f"got {shown(v)}"
         )
 
@@ -255,7 +255,7 @@ def is_number(v) -> bool:
 
 def _bad(field: str, expected: str, got) -> AdminRequestError:
     # quoted_name: a field not allowed is named by the body's key, which may be 64 KiB.
-    return AdminRequestError(f"field {quoted_name(field)}: expected {expected}, got {shown(got)}")
+    return AdminRequestError(f"field {quoted_name(field)}: expected {expected}; got {shown(got)}")
 
 
 def check_number(

@@ -276,5 +276,28 @@ def test_a_closed_stdout_costs_no_file_and_ends_quietly(tmp_path):
     why = "details too long: " + "n" * 20000
     assert (done.returncode, done.stderr) == (
         1,
-        f"wok fuzz: 1 unclear answers from the server; the first ones:\n  renamed to 'mlp': {why}\n",
+        f"python -m wok.bench.fuzz: 1 unclear answers from the server; the first ones:\n  renamed to 'mlp': {why}\n",
+    )
+
+
+def test_a_failed_write_is_told_under_the_command_it_was_run_as(tmp_path, monkeypatch, capsys):
+    """The lines after the run began "wok fuzz:", a command there is none of; the usage and the refusals name
+    `python -m wok.bench.fuzz`, as it is run."""
+    import tempfile
+
+    folder, temp = tmp_path / "out", tmp_path / "temp"
+    folder.mkdir()
+    temp.mkdir()
+
+    def run(*args, **kwargs):
+        folder.rmdir()  # after the up-front check: the write itself fails, as on a full disk
+        return {"schema": fuzz.SCHEMA}
+
+    monkeypatch.setattr(fuzz, "run", run)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the system's temp folder, for this test
+    path = folder / "fuzz.json"
+    assert fuzz.main(["--minutes", "0.01", "--json", str(path)]) == 1
+    (kept,) = temp.glob("wok-bench-*")
+    assert capsys.readouterr().err == (
+        f"python -m wok.bench.fuzz: --json {path}: No such file or directory; the result is kept in {kept} instead\n"
     )

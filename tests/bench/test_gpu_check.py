@@ -261,7 +261,7 @@ def test_a_device_the_server_would_refuse_is_refused_before_the_model_is_built(d
     with pytest.raises(SystemExit) as info:
         gpu_check.main(["--device", device])
     assert info.value.code == 2
-    assert capsys.readouterr().err.endswith(f"--device: expected {DEVICE_FORMS}, got '{device}'\n")
+    assert capsys.readouterr().err.endswith(f"--device: expected {DEVICE_FORMS}; got '{device}'\n")
 
 
 @pytest.mark.parametrize(

@@ -956,11 +956,11 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
             "--peak-flops: expected a number with an optional SI prefix (e.g. '900G', '3.35T'); got 'lots'",
         ),
         (["profile", "nope"], "unknown demo model"),
-        (["profile", "mlp", "--device", "tpu"], f"--device: expected {DEVICE_FORMS}, got 'tpu'"),
+        (["profile", "mlp", "--device", "tpu"], f"--device: expected {DEVICE_FORMS}; got 'tpu'"),
         # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.
-        (["profile", "mlp", "--device", "cuda:٣"], f"--device: expected {DEVICE_FORMS}, got 'cuda:٣'"),
+        (["profile", "mlp", "--device", "cuda:٣"], f"--device: expected {DEVICE_FORMS}; got 'cuda:٣'"),
         # Passed, and torch read it as cuda:-128, which resolve_devices' count check let by.
-        (["profile", "mlp", "--device", "cuda:128"], f"--device: expected {DEVICE_FORMS}, got 'cuda:128'"),
+        (["profile", "mlp", "--device", "cuda:128"], f"--device: expected {DEVICE_FORMS}; got 'cuda:128'"),
         (["profile", "mlp", "--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
         (["profile", "mlp", "--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
         # These said "--warmup must be >= 0 and --repeats >= 1; got -1 and 2", and "--torch-threads must be >= 1".

@@ -184,7 +184,7 @@ def test_a_published_bound_that_is_no_whole_number_is_said_and_left_out():
     assert published_bounds(config, "m", said.append, notes) == {"ids": 10, "empty": 1}
     line = (
         "model 'm': parameter 'wok.ids_bound.odd' of its ModelConfig: expected the whole number of its input's id "
-        "bound, got '1e3'; the input is drawn below --int-high"
+        "bound; got '1e3'; the input is drawn below --int-high"
     )
     assert (said, notes) == ([f"warning: {line}"], [line])
 

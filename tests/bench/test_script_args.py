@@ -78,7 +78,7 @@ CASES = [
     ("tune_check", ["--max-batch-sizes", "4,x"], "--max-batch-sizes: expected positive integers"),
     ("tune_check", ["--profile", "{missing}"], "--profile: {missing}: [Errno 2]"),
     ("tune_check", ["--profile", "{no_fit}"], "--profile: {no_fit}: not a readable wok.profile/1 document"),
-    ("tune_check", ["--profile", "{list}"], "--profile: {list}: expected a JSON object, got list"),
+    ("tune_check", ["--profile", "{list}"], "--profile: {list}: expected a JSON object; got list"),
     ("tune_check", ["--markdown", "{missing}"], "--markdown {missing}: [Errno 2]"),
     ("tune_check", ["--markdown", "{not_json}"], "--markdown {not_json}: Expecting property name"),
     ("tune_check", ["--markdown", "{no_fit}"], "--markdown {no_fit}: schema is 'wok.profile/1', expected"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from wok.bench.simulate import BatcherModel, SimConfig
@@ -120,13 +121,21 @@ def test_the_model_needs_finite_times(field):
         # A time of 0 was said to be none (`0.0 or 'none'`).
         ("batch_samples", ((4, (1e-3, 0.0)),), "batch_samples: size 4: expected finite times > 0 s; got 0.0"),
         ("batch_samples", ((4, (-0.0,)),), "batch_samples: size 4: expected finite times > 0 s; got -0.0"),
-        ("batch_samples", ((0, (1e-3,)),), "batch_samples: expected sizes n ≥ 1; got 0"),
+        ("batch_samples", ((0, (1e-3,)),), "batch_samples: expected integer sizes n ≥ 1; got 0"),
+        ("batch_samples", ((2.5, (1e-3,)),), "batch_samples: expected integer sizes n ≥ 1; got 2.5"),
+        ("batch_samples", ((4.0, (1e-3,)),), "batch_samples: expected integer sizes n ≥ 1; got 4.0"),
         ("overhead_samples_s", (1e-4, math.nan), "overhead_samples_s: expected finite times ≥ 0 s; got nan"),
         ("overhead_samples_s", (math.inf,), "overhead_samples_s: expected finite times ≥ 0 s; got inf"),
         ("overhead_samples_s", (-1e-4,), "overhead_samples_s: expected finite times ≥ 0 s; got -0.0001"),
         ("max_batch_size", 0, "max_batch_size: expected an integer >= 1; got 0"),
         ("instances", 0, "instances: expected an integer >= 1; got 0"),
         ("max_queue_size", -1, "max_queue_size: expected an integer >= 0; got -1"),
+        # Counts are ints, as the server's settings: 2.0 and 2.5 ended the simulation in a TypeError, 2.5 queued.
+        ("max_batch_size", 2.0, "max_batch_size: expected an integer >= 1; got 2.0"),
+        ("max_batch_size", 2.5, "max_batch_size: expected an integer >= 1; got 2.5"),
+        ("max_batch_size", True, "max_batch_size: expected an integer >= 1; got True"),
+        ("instances", 1.5, "instances: expected an integer >= 1; got 1.5"),
+        ("max_queue_size", 2.5, "max_queue_size: expected an integer >= 0; got 2.5"),
         ("max_queue_delay_s", -1e-3, "max_queue_delay_s: expected a number of seconds >= 0; got -0.001"),
     ],
 )
@@ -135,6 +144,18 @@ def test_the_model_refuses_each_bad_field_by_name(field, value, message):
     with pytest.raises(ValueError) as info:
         BatcherModel(**{**base, field: value})
     assert str(info.value) == message
+
+
+def test_the_model_takes_numpy_integer_counts():
+    model = BatcherModel(
+        alpha_s=1e-3,
+        beta_s=1e-3,
+        max_batch_size=np.int64(4),
+        max_queue_delay_s=0.0,
+        instances=np.int32(2),
+        batch_samples=((np.int64(4), (1e-3,)),),
+    )
+    assert (model.max_batch_size, model.instances) == (4, 2)
 
 
 def test_a_step_is_capped_at_max_arrivals_and_needs_a_window():

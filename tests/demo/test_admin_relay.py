@@ -41,7 +41,7 @@ class StandInAdmin:
         if body.get("mode") == "crash":  # a fault of the admin's own: the metrics port's 500
             raise RuntimeError("the stand-in admin failed")
         if body.get("mode") not in ("slow", "fail", "off"):
-            raise AdminRequestError(f"field 'mode': expected slow, fail or off, got {body.get('mode')!r}")
+            raise AdminRequestError(f"field 'mode': expected slow, fail or off; got {body.get('mode')!r}")
         # Nested, as the real answer is: its spacing shows whether it was re-encoded.
         return {"faults": [{"model": body["model"], "instance": 0, "mode": body.get("mode")}]}
 

@@ -94,14 +94,14 @@ async def test_a_batching_body_that_changes_nothing_is_refused_as_the_admin_api_
     where the admin API, which the live page relays to, refuses each (server/admin.py)."""
     port = sim_page.port
     before = (await config(port))["batching"]
-    neither = "field 'max_batch_size': expected it or max_queue_delay_ms, got neither"
+    neither = "field 'max_batch_size': expected it or max_queue_delay_ms; got neither"
     for body in (b"{}", b'{"model": "simulated"}'):
         assert await exchange(port, post(port, "/api/batching", body)) == (400, {"error": neither}), body
     refusals = {
         "max_batch_size": (
-            "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum), got None"
+            "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum); got None"
         ),
-        "max_queue_delay_ms": "field 'max_queue_delay_ms': expected a number from 0 to 60000, got None",
+        "max_queue_delay_ms": "field 'max_queue_delay_ms': expected a number from 0 to 60000; got None",
     }
     for field, error in refusals.items():
         body = json.dumps({field: None}).encode()
@@ -131,7 +131,7 @@ async def test_cross_site_posts_are_refused_and_change_nothing(sim_page):
     assert status == 415 and "Content-Type: expected application/json" in answer["error"]
     # A C0 separator is no white space in HTTP (RFC 9110 5.6.3): str.strip() dropped it and took the POST.
     status, answer = await exchange(port, post(port, "/api/load", rate, ctype="application/json\x1f"))
-    error = "Content-Type: expected application/json for a POST, got 'application/json\\x1f'"
+    error = "Content-Type: expected application/json for a POST; got 'application/json\\x1f'"
     assert (status, answer) == (415, {"error": error})
     status, answer = await exchange(port, post(port, "/api/load", rate, extra="Origin: http://evil.example\r\n"))
     assert status == 403 and "Origin 'http://evil.example'" in answer["error"]
@@ -258,7 +258,7 @@ async def test_simulator_refuses_a_batch_above_the_configured_maximum(sim_page):
     port = sim_page.port
     status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 200}'))
     assert status == 400 and answer["error"] == (
-        "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum), got 200"
+        "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum); got 200"
     )
     status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 8}'))
     assert status == 200 and (answer["max_batch_size"], answer["limit_batch_size"]) == (8, 32)
@@ -272,12 +272,12 @@ async def test_simulator_refuses_a_batch_above_the_configured_maximum(sim_page):
         # Taken: the simulated model changed though the body named another.
         (
             b'{"model": "encoder", "max_batch_size": 4}',
-            "field 'model': expected 'simulated' (the one model simulated) or none, got 'encoder'",
+            "field 'model': expected 'simulated' (the one model simulated) or none; got 'encoder'",
         ),
         # Taken, changing nothing, where the live server's admin API refuses a field it does not know.
         (
             b'{"max_batch": 4}',
-            "field 'max_batch': expected only the fields max_batch_size, max_queue_delay_ms, model, got 4",
+            "field 'max_batch': expected only the fields max_batch_size, max_queue_delay_ms, model; got 4",
         ),
     ],
     ids=["another-model", "unknown-field"],
@@ -295,7 +295,7 @@ async def test_a_body_the_demo_refuses_itself_is_answered_400_with_its_message(s
     # The refusals raised as AdminRequestError, a ValueError, are answered as before: 400 and the message, simulated
     # or live (refused before any call to the admin port, here one where nothing listens).
     live, backend = await live_page(_closed_port())
-    no_object = (b"[]", "body: expected a JSON object, got []")
+    no_object = (b"[]", "body: expected a JSON object; got []")
     try:
         for port, path, (body, error) in [
             (sim_page.port, "/api/batching", no_object),
@@ -306,7 +306,7 @@ async def test_a_body_the_demo_refuses_itself_is_answered_400_with_its_message(s
                 "/api/faults",
                 (
                     b'{"mode": "slow", "delay_ms": 0}',
-                    "field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got 0",
+                    "field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow'; got 0",
                 ),
             ),
         ]:
@@ -337,7 +337,7 @@ async def test_the_live_demo_refuses_another_model_itself_and_sends_its_own():
         port = web.port
         for path in ("/api/batching", "/api/faults"):
             status, answer = await exchange(port, post(port, path, b'{"model": "encoder", "mode": "fail"}'))
-            error = f"field 'model': expected '{MODEL}' (the demo's model) or none, got 'encoder'"
+            error = f"field 'model': expected '{MODEL}' (the demo's model) or none; got 'encoder'"
             assert (status, answer) == (400, {"error": error}), path
         assert posted == []
         for body in (b'{"model": "mlp", "max_batch_size": 4}', b'{"max_batch_size": 4}'):
@@ -714,7 +714,7 @@ async def test_head_is_answered_as_get_with_no_body_and_the_kept_alive_connectio
     # As the metrics port's /events: a stream has no length for a HEAD's answer to give.
     assert events[0] == "HTTP/1.1 405 Method Not Allowed" and "Allow: GET" in events
     assert put_lines[0] == "HTTP/1.1 405 Method Not Allowed" and "Allow: GET, HEAD" in put_lines
-    assert json.loads(put_body) == {"error": "'/': expected GET or HEAD, got 'PUT'"}
+    assert json.loads(put_body) == {"error": "'/': expected GET or HEAD; got 'PUT'"}
 
 
 @pytest.mark.parametrize(
@@ -848,6 +848,6 @@ async def test_a_body_over_64_kib_gets_413_and_changes_nothing(sim_page):
     head = f"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {JSON}\r\nContent-Length: 65537\r\n\r\n"
     assert await exchange(port, head.encode()) == (
         413,
-        {"error": "Content-Length: expected at most 65536 bytes, got '65537'"},
+        {"error": "Content-Length: expected at most 65536 bytes; got '65537'"},
     )
     assert (await config(port))["load"]["rate"] == 100

@@ -117,14 +117,14 @@ def test_no_batch_time_exits_2_naming_both_options(alpha, beta, wok_cli, monkeyp
     status, _, err = wok_cli("demo", "--simulate", "--port", "0", "--alpha", alpha, "--beta", beta)
     assert (status, err) == (
         2,
-        f"wok demo: --alpha and --beta: expected a batch time above 0 (--alpha + --beta > 0), "
+        f"wok demo: --alpha and --beta: expected a batch time above 0 (--alpha + --beta > 0); "
         f"got --alpha {alpha} and --beta {beta}\n",
     )
 
 
 def test_a_refused_load_body_changes_nothing():
     control = LoadControl(100)
-    with pytest.raises(ValueError, match=r"^field 'burst_s': expected seconds above 0 up to 30, got None$"):
+    with pytest.raises(ValueError, match=r"^field 'burst_s': expected seconds above 0 up to 30; got None$"):
         control.set({"rate": 777, "burst_rate": 100})
     with pytest.raises(ValueError, match=r"^field 'burst_rate': expected requests per second"):
         control.set({"rate": 777, "burst_rate": -1, "burst_s": 5})
@@ -138,7 +138,7 @@ def test_a_burst_length_is_checked_as_the_rates_are(seconds, got):
     control = LoadControl(100)
     with pytest.raises(AdminRequestError) as e:
         control.set({"burst_rate": 500, "burst_s": seconds})
-    assert str(e.value) == f"field 'burst_s': expected seconds above 0 up to 30, got {got}"
+    assert str(e.value) == f"field 'burst_s': expected seconds above 0 up to 30; got {got}"
     assert control.set({"burst_rate": 500, "burst_s": 30})["current_rate"] == 500
 
 
@@ -210,7 +210,7 @@ async def test_a_request_head_over_16_kib_gets_431_then_the_page_goes_on():
     try:
         big = b"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
         status, got = await answer(web.port, big)
-        assert (status, got) == (431, {"error": "request head: expected at most 16384 bytes, got more"})
+        assert (status, got) == (431, {"error": "request head: expected at most 16384 bytes; got more"})
         status, got = await answer(web.port, b"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert status == 200 and got["load"]["rate"] == 100
     finally:
@@ -310,7 +310,7 @@ LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
     ("option", "value", "refusal"),
     [
         # Shown as repr does, whole: one_line cut the 100 KB message at 4,096 characters.
-        ("--device", LONG, f"--device: expected {DEVICE_FORMS}, got {LONG_SHOWN}"),
+        ("--device", LONG, f"--device: expected {DEVICE_FORMS}; got {LONG_SHOWN}"),
         # IDNA's refusal, naming no option: "encoding with 'idna' codec failed (UnicodeError: label too long)".
         ("--host", LONG, f"--host: expected an address or a host name of this machine; got {LONG_SHOWN}"),
         ("--host", "a b", "--host: expected an address or a host name of this machine; got 'a b'"),
@@ -353,12 +353,12 @@ async def test_the_page_holds_a_slow_fault_to_the_admins_one_bound(monkeypatch):
         with pytest.raises(ValueError) as info:
             await live.set_faults({"mode": "slow", "delay_ms": faults.MAX_DELAY_MS + 1})
         assert str(info.value) == (
-            "field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got 60001.0"
+            "field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow'; got 60001.0"
         )
         monkeypatch.setattr(faults, "MAX_DELAY_MS", 10.0)
         with pytest.raises(ValueError) as info:
             await live.set_faults({"mode": "slow", "delay_ms": 11})
-        assert str(info.value) == "field 'delay_ms': expected a number above 0 up to 10 for mode 'slow', got 11"
+        assert str(info.value) == "field 'delay_ms': expected a number above 0 up to 10 for mode 'slow'; got 11"
         # Within the bound it goes on to the admin API: the server is still starting (admin port 0).
         assert (await live.set_faults({"mode": "slow", "delay_ms": 10}))[0] == 503
     finally:
@@ -404,23 +404,23 @@ async def test_a_refused_body_is_shown_cut_not_whole():
     cut = "[" + ", ".join(["0"] * 56) + "… (90,000 characters in all)"  # 200 bytes, the note's 33 included
     try:
         refusals = [
-            (LoadControl(100).set, BIG_BODY, f"body: expected a JSON object, got {cut}"),
+            (LoadControl(100).set, BIG_BODY, f"body: expected a JSON object; got {cut}"),
             (
                 LoadControl(100).set,
                 {"rate": LONG},
-                f"field 'rate': expected requests per second from 0 to 5000, got {LONG_SHOWN}",
+                f"field 'rate': expected requests per second from 0 to 5000; got {LONG_SHOWN}",
             ),
             (
                 LoadControl(100).set,
                 {"x\n" + LONG: BIG_BODY},
-                f"field 'x\\n{'x' * 198}'… (100,002 characters in all): expected only rate, burst_rate, burst_s, "
+                f"field 'x\\n{'x' * 198}'… (100,002 characters in all): expected only rate, burst_rate, burst_s; "
                 f"got {cut}",
             ),
-            (sim.set_batching, BIG_BODY, f"body: expected a JSON object, got {cut}"),
+            (sim.set_batching, BIG_BODY, f"body: expected a JSON object; got {cut}"),
             (
                 sim.set_batching,
                 {"max_batch_size": LONG},
-                "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum), "
+                "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum); "
                 f"got {LONG_SHOWN}",
             ),
         ]
@@ -429,11 +429,11 @@ async def test_a_refused_body_is_shown_cut_not_whole():
                 call(body)
             assert str(info.value) == message
         for call, body, message in [
-            (live.set_batching, BIG_BODY, f"body: expected a JSON object, got {cut}"),
+            (live.set_batching, BIG_BODY, f"body: expected a JSON object; got {cut}"),
             (
                 live.set_faults,
                 {"mode": "slow", "delay_ms": LONG},
-                f"field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got {LONG_SHOWN}",
+                f"field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow'; got {LONG_SHOWN}",
             ),
         ]:
             with pytest.raises(ValueError) as info:

@@ -127,7 +127,7 @@ def test_the_simulator_holds_max_queue_delay_ms_to_the_servers_one_bound(monkeyp
     monkeypatch.setattr(faults, "MAX_QUEUE_DELAY_MS", 10, raising=False)
     model = BatcherModel(alpha_s=1e-3, beta_s=1e-3, max_batch_size=2, max_queue_delay_s=0.005)
     sim = SimBackend(LoadControl(0), model)
-    with pytest.raises(ValueError, match=r"^field 'max_queue_delay_ms': expected a number from 0 to 10, got 11$"):
+    with pytest.raises(ValueError, match=r"^field 'max_queue_delay_ms': expected a number from 0 to 10; got 11$"):
         sim.set_batching({"max_queue_delay_ms": 11})
     assert sim.set_batching({"max_queue_delay_ms": 10})["max_queue_delay_ms"] == 10
 
@@ -312,12 +312,12 @@ def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
         (["--torch-threads", "0"], "wok demo: --torch-threads: expected an integer >= 1; got 0\n"),
         (["--max-batch-size", "1025"], "wok demo: --max-batch-size: expected an integer from 1 to 1024; got 1025\n"),
         (["--port", "65536"], "wok demo: --port: expected an integer from 0 to 65535; got 65536\n"),
-        (["--device", "bogus"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'bogus'\n"),
+        (["--device", "bogus"], f"wok demo: --device: expected {DEVICE_FORMS}; got 'bogus'\n"),
         # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.
-        (["--device", "cuda:٣"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:٣'\n"),
+        (["--device", "cuda:٣"], f"wok demo: --device: expected {DEVICE_FORMS}; got 'cuda:٣'\n"),
         # Passed, as the server's config refused them not: torch refuses the first, reads the second as cuda:-128.
-        (["--device", "cuda:01"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:01'\n"),
-        (["--device", "cuda:128"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:128'\n"),
+        (["--device", "cuda:01"], f"wok demo: --device: expected {DEVICE_FORMS}; got 'cuda:01'\n"),
+        (["--device", "cuda:128"], f"wok demo: --device: expected {DEVICE_FORMS}; got 'cuda:128'\n"),
         (["--host", "no-such-host.invalid"], "wok demo: --host: expected an address of this machine; got "),
     ],
 )

@@ -333,7 +333,7 @@ async def test_slo_models_refuse_a_window_they_would_not_use_and_say_their_polic
             assert status == 400
             assert answer["error"] == (
                 "field 'max_queue_delay_ms': expected no max_queue_delay_ms for model 'slow', whose batching "
-                "policy is 'slo' (only 'fixed' uses a delay window), got 20"
+                "policy is 'slo' (only 'fixed' uses a delay window); got 20"
             )
         assert server.runtimes["slow"].batcher.policy == before  # the valid max_batch_size was not taken alone
         status, answer = await ahttp(base + "/admin/batching", {"model": "slow", "max_batch_size": 2})

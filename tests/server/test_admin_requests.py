@@ -116,24 +116,24 @@ async def test_a_refused_admin_body_shows_a_long_field_or_value_cut(gated_model)
         (
             "/admin/faults",
             {"model": m, "mode": "off"},
-            f"field 'model': expected one of the served models (gated), got '{m[:200]}'… (60,000 characters in all)",
+            f"field 'model': expected one of the served models (gated); got '{m[:200]}'… (60,000 characters in all)",
         ),
         (
             "/admin/faults",
             {"model": "gated", "mode": "off", k: ones},
-            f"field '{k[:200]}'… (30,000 characters in all): expected only the fields {fields}, "
+            f"field '{k[:200]}'… (30,000 characters in all): expected only the fields {fields}; "
             f"got {cut}… (30,000 characters in all)",
         ),
         (
             "/admin/batching",
             {"model": "gated", k: 1},
             f"field '{k[:200]}'… (30,000 characters in all): expected only the fields max_batch_size, "
-            "max_queue_delay_ms, model, got 1",
+            "max_queue_delay_ms, model; got 1",
         ),
         (
             "/admin/batching",
             {"model": "gated", "max_batch_size": ones},
-            f"field 'max_batch_size': expected an integer from 1 to 8 (the model's configured maximum), "
+            f"field 'max_batch_size': expected an integer from 1 to 8 (the model's configured maximum); "
             f"got {cut}… (30,000 characters in all)",
         ),
     ]

@@ -146,7 +146,7 @@ def test_a_parameter_named_as_the_servers_published_ones_is_refused(tmp_path):
     msg, path = load_error(tmp_path, changed(parameters={"wok.ids_bound.x": 5, "hidden": 16}), "config.yaml")
     assert msg == (
         f"{path}: parameters: keys starting with 'wok.' are kept for what the server publishes in its ModelConfig "
-        "answer (wok.ids_bound.<input>); expected other keys, got ['wok.ids_bound.x']"
+        "answer (wok.ids_bound.<input>); expected other keys; got ['wok.ids_bound.x']"
     )
 
 
@@ -245,13 +245,13 @@ def test_bad_device_string(tmp_path):
     msg, path = load_error(tmp_path, changed(instances={"devices": ["cpu", "gpu:0"]}))
     assert msg.startswith(f"{path}: ")
     assert "instances.devices" in msg
-    assert msg.endswith(f"expected {DEVICE_FORMS}, got 'gpu:0'")
+    assert msg.endswith(f"expected {DEVICE_FORMS}; got 'gpu:0'")
 
 
 @pytest.mark.parametrize("device", ["cuda:x", "cpu:0", ""])
 def test_other_bad_devices(tmp_path, device):
     msg, _ = load_error(tmp_path, changed(instances={"devices": [device]}))
-    assert msg.endswith(f"expected {DEVICE_FORMS}, got {device!r}")
+    assert msg.endswith(f"expected {DEVICE_FORMS}; got {device!r}")
 
 
 def test_bad_toml_syntax(tmp_path):
@@ -334,14 +334,14 @@ def test_an_empty_yaml_config_is_named_so(tmp_path):
     (d / "config.yaml").write_text("# nothing yet\n")
     with pytest.raises(ConfigError) as info:
         load_model_config(d)
-    assert str(info.value) == f"{d / 'config.yaml'}: expected a table of settings, got an empty document"
+    assert str(info.value) == f"{d / 'config.yaml'}: expected a table of settings; got an empty document"
 
 
 def test_config_that_is_not_a_table(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.yaml").write_text("- just\n- a list\n")
-    with pytest.raises(ConfigError, match=re.escape(f"{d / 'config.yaml'}: expected a table of settings, got list")):
+    with pytest.raises(ConfigError, match=re.escape(f"{d / 'config.yaml'}: expected a table of settings; got list")):
         load_model_config(d)
 
 
@@ -542,7 +542,7 @@ def test_addresses_take_ipv6_with_or_without_brackets():
         "127.0.0.1:8001",
         "localhost:1",
     )
-    with pytest.raises(ConfigError, match=re.escape("host: expected an address or a host name, got '[]'")):
+    with pytest.raises(ConfigError, match=re.escape("host: expected an address or a host name; got '[]'")):
         server_settings(host="[]")
 
 
@@ -876,7 +876,7 @@ SPACED = "X" * 1000 + " "
         (
             {"instances": {"devices": ["it's"]}},
             "instances.devices",
-            f"expected {DEVICE_FORMS}, got 'it's'",
+            f"expected {DEVICE_FORMS}; got 'it's'",
         ),
         (
             {"max_batch_size": "9" * 1000},
@@ -907,7 +907,7 @@ def test_text_from_a_config_is_shown_quoted_cut_and_escaped(tmp_path, change, wh
 def test_a_cuda_index_of_other_digits_is_refused(tmp_path, index):
     """isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3): "cuda:²" passed the config's check."""
     msg, path = load_error(tmp_path, changed(instances={"devices": [f"cuda:{index}"]}))
-    assert msg == f"{path}: instances.devices: expected {DEVICE_FORMS}, got 'cuda:{index}'"
+    assert msg == f"{path}: instances.devices: expected {DEVICE_FORMS}; got 'cuda:{index}'"
 
 
 # torch.device() refuses the first two, and reads an index in 8 signed bits: "cuda:128" was cuda:-128, which
@@ -920,7 +920,7 @@ def test_a_device_torch_refuses_or_misreads_is_refused(tmp_path, device):
     """The config took "cuda:" (an empty index) and any digits, where `wok demo` and `wok profile` refused
     the first: one rule now (config.check_device), for all three."""
     msg, path = load_error(tmp_path, changed(instances={"devices": ["cpu", device]}))
-    assert msg == f"{path}: instances.devices: expected {DEVICE_FORMS}, got {quoted_name(device)}"
+    assert msg == f"{path}: instances.devices: expected {DEVICE_FORMS}; got {quoted_name(device)}"
     try:
         read = str(torch.device(device))
     except RuntimeError:
@@ -981,5 +981,5 @@ def test_a_long_host_is_shown_cut():
     with pytest.raises(ConfigError) as info:
         server_settings(host=" " * 1000)
     assert str(info.value) == (
-        f"server settings: host: expected an address or a host name, got '{' ' * 200}'… (1,000 characters in all)"
+        f"server settings: host: expected an address or a host name; got '{' ' * 200}'… (1,000 characters in all)"
     )

@@ -52,7 +52,7 @@ def test_a_bad_request_names_the_field_and_what_came(body, field, got):
     with pytest.raises(AdminRequestError) as e:
         parse_fault_request(body, INSTANCES)
     msg = str(e.value)
-    assert msg.startswith(f"field '{field}': expected ") and msg.endswith(f"got {got}"), msg
+    assert msg.startswith(f"field '{field}': expected ") and msg.endswith(f"; got {got}"), msg
 
 
 @pytest.mark.parametrize(("delay_ms", "got"), [(None, "None"), (-1, "-1"), (60_001, "60001"), ("50", "'50'")])
@@ -61,7 +61,7 @@ def test_a_slow_fault_s_bad_delay_is_told_alike_missing_or_out_of_range(delay_ms
     body = {"model": "mlp", "mode": "slow"} | ({} if delay_ms is None else {"delay_ms": delay_ms})
     with pytest.raises(AdminRequestError) as e:
         parse_fault_request(body, INSTANCES)
-    assert str(e.value) == f"field 'delay_ms': expected a number from 0 to 60000 for mode 'slow', got {got}"
+    assert str(e.value) == f"field 'delay_ms': expected a number from 0 to 60000 for mode 'slow'; got {got}"
 
 
 def test_good_requests_parse():

@@ -232,8 +232,8 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_directory(wok_cli, t
             "wok: --max-connection-age-grace needs --max-connection-age: there is no age to be graceful at",
         ),
         # Taken: the bind failed after the models had loaded, exit 1.
-        (("--host", "a\nb"), r"wok: --host: expected an address or a host name, got 'a\nb'"),
-        (("--host", LONG), f"wok: --host: expected an address or a host name, got {LONG_SHOWN}"),
+        (("--host", "a\nb"), r"wok: --host: expected an address or a host name; got 'a\nb'"),
+        (("--host", LONG), f"wok: --host: expected an address or a host name; got {LONG_SHOWN}"),
     ],
     ids=["field", "finite", "several-fields", "host-newline", "host-long"],
 )
