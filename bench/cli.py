@@ -1665,7 +1665,10 @@ def run_tune(args) -> int:
             )
     if (refusal := integer_refusal("--instances", args.instances, 1)) is not None:
         raise ValueError(refusal)
-    past = f" (past {MAX_ITERATIONS} the bisection's interval holds no double between its ends)"
+    # The reason is for the top of the range alone: said of -1 too, it read as why -1 was refused.
+    past = ""
+    if args.iterations > MAX_ITERATIONS:
+        past = f" (past {MAX_ITERATIONS} the bisection's interval holds no double between its ends)"
     if (refusal := integer_refusal("--iterations", args.iterations, 0, past, most=MAX_ITERATIONS)) is not None:
         raise ValueError(refusal)
     # Else refused at the first simulated step, in the simulator's words ("seed: expected").

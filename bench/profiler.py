@@ -32,6 +32,7 @@ predicted time, max(FLOPs/peak, bytes/bandwidth), compared with the forward time
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,10 +45,11 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_c
 from wok import tables
 from wok.codec import check_values
 from wok.config import InstanceConfig, check_device
-from wok.cpulinear import onednn_counts
-from wok.errors import InvalidInput, ModelExecutionError, message_of, script_error, to_status
+from wok.cpulinear import chains
+from wok.errors import InvalidInput, ModelExecutionError, WarmupError, message_of, script_error, to_status
 from wok.executor import Executor, failure_line, resolve_devices
 from wok.servable import HostBuffers, Servable
+from wok.service import short_details
 
 from ..errors import quoted_name
 from .analysis import latency_summary
@@ -299,8 +301,8 @@ def representatives(keys: Sequence, most: int = COUNTED_BATCHES) -> list[tuple[i
     work follows from its key). More: the batches sorted by key cut into `most` runs as equal in number as
     can be, each counted at its middle batch and weighted by its length (a stratified sample, so that a
     draw of sizes that is long, or short, by chance does not stand for the whole distribution)."""
-    if most < 1:
-        raise ValueError(f"representatives: most must be >= 1; got {most}")
+    if (refusal := integer_refusal("most", most, 1)) is not None:
+        raise ValueError(refusal)
     order = sorted(range(len(keys)), key=keys.__getitem__)
     groups: dict = {}
     for i in order:
@@ -439,8 +441,13 @@ def parse_batch_sizes(spec: str) -> list[int]:
     try:
         values = parse_steps(spec, noun="size")
     except ValueError as exc:
-        # parse_steps speaks of QPS steps; the message that reaches the user names this option.
-        detail = str(exc).split(": ", 1)[-1]
+        # parse_steps speaks of QPS steps; the message that reaches the user names this option. Its subject is cut off
+        # whole: cut at the first ": ", a spec holding one ('1: 2') left its tail in the message.
+        detail = str(exc)
+        for subject in (f"QPS range {quoted_name(spec)}: ", f"QPS steps {quoted_name(spec)}: ", "QPS steps '': "):
+            if detail.startswith(subject):
+                detail = detail.removeprefix(subject)
+                break
         raise ValueError(f"--batch-sizes {quoted_name(spec)}: {detail}") from None
     if any(v != int(v) for v in values):
         raise ValueError(f"--batch-sizes: expected whole numbers; got {quoted_name(spec)}")
@@ -687,6 +694,13 @@ def time_batches(
         return batch, r
 
     try:
+        # The server's own start-up warm-up first, which `wok serve` refuses a model for failing (WarmupError): a model
+        # it refuses was profiled where the timed sizes passed. The batches are then timed on an instance as warm as a
+        # served one (its oneDNN kernels built).
+        executor.warmup()
+        # Its batches of up to 64 rows take oneDNN where the profile's sizes may not (under 4 rows): only the calls
+        # after it say how the profile's batches ran.
+        warm_calls = [chain.calls for chain in chains(instance.module)]
         for _ in range(cfg.warmup):
             for n in sizes:
                 run(n, warmup=True)
@@ -702,7 +716,8 @@ def time_batches(
                 if progress:
                     progress(1)
         # What ran, not what was asked: a torch.export model was recorded as onednn, which it never reaches.
-        out.cpu_linear = "onednn" if onednn_counts(instance.module, ran=True)[0] else "torch"
+        ran = any(chain.calls > calls for chain, calls in zip(chains(instance.module), warm_calls))
+        out.cpu_linear = "onednn" if ran else "torch"
     finally:
         executor.shutdown()
     return out
@@ -751,17 +766,20 @@ def _inputs_refused(
 
 def _names_model(servable: Servable, text: str) -> bool:
     """Whether a message of the server's names the model, as its messages do (`model 'M'`): a config check's refusal
-    ("model 'M' refused the request: ..."), a dim's ("the sizes model 'M' was exported for"), an id's."""
-    return f"model '{servable.name}'" in text
+    ("model 'M' refused the request: ..."), a dim's ("the sizes model 'M' was exported for"), an id's; so that the
+    profile's refusal does not name it again. The quotes end the name (a model's name holds none); the word `model`
+    must begin where a word may: a model's own text naming its "submodel 'M'" names no model."""
+    return re.search(rf"(?<![\w.-])model '{re.escape(servable.name)}'", text) is not None
 
 
 def _served(servable: Servable, exc: Exception, where: str) -> str:
     """What the server answers a request that raised `exc` (`where`: before it is batched, or as its batch is
     assembled), as the profile refuses the inputs for it: the status code and the details `errors.to_status` makes
     of `exc`, as a client gets them (a Servable's own check raising a ValueError: INTERNAL, "internal error:
-    ValueError: ..."). The model is named once: by the prefix where the details do not name it (a model's own check
-    or assemble need not)."""
+    ValueError: ..."), long ones cut as the server cuts them (`service.short_details`). The model is named once: by
+    the prefix where the details do not name it (a model's own check or assemble need not)."""
     code, details = to_status(exc)
+    details = short_details(details)
     if _names_model(servable, details):
         return f"served, such a request is answered {code.name} {where}: {details}"
     return f"served, model '{servable.name}' answers such a request {code.name} {where}: {details}"
@@ -856,6 +874,8 @@ def profile(
     roof = roofline_of(device)
     try:
         times = time_batches(servable, device, cfg, pool, progress)
+    except WarmupError as exc:  # the server's words: `wok serve` says "wok: {exc}" and exits 2
+        raise ValueError(f"wok serve refuses the model at its start: {exc}") from None
     except BatchFailed as failed:
         raise ValueError(_batch_refused(servable, cfg, (high, by_input, capped), failed)) from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with

@@ -555,9 +555,22 @@ def test_the_profile_records_how_the_linear_layers_ran(tmp_path, platform, cpu_l
 
 
 def test_a_profile_of_batches_under_4_rows_records_torchs_layers(tmp_path):
-    """oneDNN takes a batch from 4 rows (`cpulinear.MIN_ROWS`): batches of 1 and 2 ran torch's layers."""
-    write_python_model(tmp_path / "repo" / "lin", LINEAR_MODEL, 4)
-    assert _profiled(tmp_path / "repo" / "lin", "--batch-sizes", "1,2")["config"]["cpu_linear"] == "torch"
+    """oneDNN takes a batch from 4 rows (`cpulinear.MIN_ROWS`): batches of 1 and 2 ran torch's layers, though the
+    server's start-up warm-up, which the profile runs first, ran its batches of 4 rows and more through oneDNN (with
+    max_batch_size 64 those run on one thread, which the warm-up builds kernels for)."""
+    from wok.cpulinear import onednn_counts
+    from wok.executor import Executor
+
+    folder = write_python_model(tmp_path / "repo" / "lin", LINEAR_MODEL, 64)
+    if onednn_available():
+        servable = load_servable(folder)
+        executor = Executor(servable, servable.config.instances, cpu_linear="onednn")
+        try:
+            executor.warmup()
+            assert onednn_counts(executor.instances[0].module, ran=True)[0] == 1  # the warm-up took oneDNN
+        finally:
+            executor.shutdown()
+    assert _profiled(folder, "--batch-sizes", "1,2")["config"]["cpu_linear"] == "torch"
 
 
 class _ScriptedTable(torch.nn.Module):
@@ -629,8 +642,9 @@ def test_representatives_by_hand():
     assert profiler.representatives(keys, 3) == [(1, 2), (3, 1), (0, 3)]
     # Two runs of the batches sorted by key, [1 4 3] and [0 2 5]: their middle batches, 3 each.
     assert profiler.representatives(keys, 2) == [(4, 3), (2, 3)]
-    with pytest.raises(ValueError, match="most must be >= 1; got 0"):
+    with pytest.raises(ValueError) as refused:
         profiler.representatives(keys, 0)
+    assert str(refused.value) == "most: expected an integer >= 1; got 0"  # was "representatives: most must be >= 1"
 
 
 def test_batch_shapes_follow_the_padding():
@@ -993,6 +1007,23 @@ def test_profile_config_refuses_batch_sizes_in_the_options_words(sizes, message)
 
 
 @pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        # Cut at its first ": ", parse_steps' message kept the spec's tail: "--batch-sizes '1: 2': 2': expected ...".
+        ("1: 2", "--batch-sizes '1: 2': expected start:stop:factor (e.g. '50:800:2'); got 2 parts"),
+        ("1:x: 2", "--batch-sizes '1:x: 2': stop 'x' is not a number"),
+        ("1, 2: 4", "--batch-sizes '1, 2: 4': expected start:stop:factor (e.g. '50:800:2'); got 2 parts"),
+        ("1,x", "--batch-sizes '1,x': 'x' is not a number"),
+        (" ", "--batch-sizes ' ': expected a list like '50,100,200' or a range start:stop:factor like '50:800:2'"),
+    ],
+)
+def test_batch_sizes_refused_by_the_step_parser_name_the_option_once(spec, message):
+    with pytest.raises(ValueError) as info:
+        profiler.parse_batch_sizes(spec)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (
@@ -1098,6 +1129,8 @@ CHECK_RAISES = {
     "ValueError": ValueError("input 'x': expected at most 8 values; got 12"),
     "RuntimeError": RuntimeError("the check's table is not loaded"),
     "KeyError": KeyError("lengths"),
+    # Details past 4 KiB, which the server cuts (service.short_details): the profile printed them whole.
+    "long ValueError": ValueError("input 'x': expected at most 8 values; got " + ", ".join(["12"] * 2000)),
 }
 
 
@@ -1179,8 +1212,10 @@ async def test_a_check_raising_anything_is_refused_as_the_server_answers_it(tmp_
                 yield server.port
 
     code, details = await _served_answer(servable, port_of)
-    expected = "INVALID_ARGUMENT" if form == "config" and raised == "ValueError" else "INTERNAL"
+    expected = "INVALID_ARGUMENT" if form == "config" and type(CHECK_RAISES[raised]) is ValueError else "INTERNAL"
     assert code == expected, (code, details)
+    if raised.startswith("long"):
+        assert details.endswith(" characters in all)") and len(details) < 4096, details  # the client's, cut
     cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=2, sizes="fixed:4")
     with pytest.raises(ValueError) as refused:
         profiler.profile(servable, cfg, lambda device: roofline_for(device, 1e12, 1e11))
@@ -1189,6 +1224,27 @@ async def test_a_check_raising_anything_is_refused_as_the_server_answers_it(tmp_
     said = f"the inputs made with --sizes fixed:4: served, {whom} {code} before it is batched: {details}"
     assert str(refused.value) == said
     assert str(refused.value).count(f"'{servable.name}'") == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        ("model 'padded' takes at most 8 values; got 12", True),
+        # Another model's name that holds this one's: the quotes end a name (a model's name holds none).
+        ("the upstream model 'padded-v2' takes at most 8 values; got 12", False),
+        ("the upstream model 'p' takes at most 8 values; got 12", False),
+        # A word ending in "model": no model named (it was taken for one, and the refusal named the model nowhere).
+        ("its submodel 'padded' takes at most 8 values; got 12", False),
+        ("its sub-model 'padded' takes at most 8 values; got 12", False),
+    ],
+)
+def test_the_model_is_named_once_only_where_the_servers_details_name_it(message, named):
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=2, sizes="fixed:4")
+    with pytest.raises(ValueError) as refused:
+        profiler.profile(ChecksRaising(ValueError(message)), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    whom = "such a request is answered" if named else "model 'padded' answers such a request"
+    said = f"the inputs made with --sizes fixed:4: served, {whom} INTERNAL before it is batched: internal error: "
+    assert str(refused.value) == f"{said}ValueError: {message}"
 
 
 def test_the_table_shows_sub_ms_times_and_small_percentages_with_significant_digits():
@@ -1743,8 +1799,10 @@ class AssemblesThree(PaddedLinear):
 )
 def test_a_batch_its_assemble_refuses_for_its_size_is_refused_naming_the_size(said, told):
     """The size of the batch refused it, not a request (`answers such a request INVALID_ARGUMENT`: none gets that
-    answer, each is answered in parts). The model is named once, where the assemble's own text names it too."""
-    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=2, sizes="fixed:2")
+    answer, each is answered in parts). The model is named once, where the assemble's own text names it too. With
+    --cpu-linear torch, as a server that serves it runs it: with oneDNN the start-up warm-up runs a batch of 4 too,
+    and `wok serve` refuses the model (as the profile then does)."""
+    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=2, sizes="fixed:2", cpu_linear="torch")
     model = AssemblesThree()
     model.said = said
     with pytest.raises(ValueError) as refused:
@@ -1768,7 +1826,7 @@ class Cold(nn.Module):
         self.failing = FAILING  # forwards it fails first: a lazy set-up that fails until it is done
 
     def forward(self, x):
-        if self.failing:
+        if self.failing and ON_ZEROS_TOO:
             self.failing -= 1
             raise RuntimeError("not set up yet")
         return x * 2
@@ -1779,12 +1837,19 @@ def build(**parameters):
 """
 
 
+def _cold(tmp_path: Path, failing: int, on_zeros: bool) -> Path:
+    """The model of COLD_MODEL failing its first `failing` forwards: of any input (`on_zeros`), else of data only, so
+    that the server's start-up warm-up (a batch of zeros) passes and the profile's own batches meet the failures."""
+    model = COLD_MODEL.replace("FAILING", str(failing)).replace("ON_ZEROS_TOO", "True" if on_zeros else "x.any()")
+    return write_python_model(tmp_path / "repo" / "cold", model, 4)
+
+
 @pytest.mark.parametrize("failing", [1, 2])
 def test_a_warm_up_batch_with_a_request_failing_alone_refuses_the_profile(tmp_path, capsys, failing):
     """A warm-up batch of 2 the model failed, rerun in parts, passed silently (only the timed batches' failures
     were looked at), a request of it failing alone too: the timed batches, drawn as it was, passed. One whose
     requests were all answered in parts (a first batch of its size failing) still passes: that is the warm-up's use."""
-    folder = write_python_model(tmp_path / "repo" / "cold", COLD_MODEL.replace("FAILING", str(failing)), 4)
+    folder = _cold(tmp_path, failing, on_zeros=False)
     fast = ["--batch-sizes", "2,4", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
     code = main(["profile", "cold", "--model-repository", str(folder.parent), *fast])
     err = capsys.readouterr().err
@@ -1798,32 +1863,49 @@ def test_a_warm_up_batch_with_a_request_failing_alone_refuses_the_profile(tmp_pa
     assert code == 2 and err.endswith(said), err
 
 
-def test_a_warm_up_batch_of_1_that_fails_refuses_the_profile_as_the_servers_warm_up_refuses_the_model(tmp_path):
-    """A model whose first forward fails, and no later one: a warm-up batch of 1 has no parts to rerun, and the server
-    answers its request with the failure. Kept refused (a larger warm-up batch whose every request was answered in
-    parts passes): `wok serve`'s own start-up warm-up, a batch of 1 too, refuses the model alike, with no second try."""
-    from wok.errors import WarmupError
-    from wok.executor import Executor
-
-    folder = write_python_model(tmp_path / "repo" / "cold", COLD_MODEL.replace("FAILING", "1"), 4)
+def test_a_warm_up_batch_of_1_that_fails_refuses_the_profile(tmp_path):
+    """A model whose first forward of data fails, and no later one: a warm-up batch of 1 has no parts to rerun, and
+    the server answers its request with the failure. Kept refused (a larger warm-up batch whose every request was
+    answered in parts passes). Its first batch absorbed by a warm-up batch of 2 (its requests answered in parts), the
+    model profiles."""
     cfg = ProfileConfig(batch_sizes=[1, 2], warmup=1, repeats=2, sizes="fixed:4")
     with pytest.raises(ValueError) as refused:
-        profiler.profile(load_servable(folder), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+        profiler.profile(load_servable(_cold(tmp_path, 1, on_zeros=False)), cfg, lambda d: roofline_for(d, 1e12, 1e11))
     assert str(refused.value) == (
         "the inputs made with --sizes fixed:4: a warm-up batch of 1 failed: model 'cold' failed: RuntimeError: not set "
         "up yet"
     )
-    cold = load_servable(folder)  # a fresh module: the profile's first forward set the last one up
+    cfg = ProfileConfig(batch_sizes=[2, 4], warmup=1, repeats=2, sizes="fixed:4")
+    doc = profiler.profile(load_servable(tmp_path / "repo" / "cold"), cfg, lambda d: roofline_for(d, 1e12, 1e11))
+    assert [b["batch_size"] for b in doc["batches"]] == [2, 4]
+
+
+@pytest.mark.parametrize("sizes", ["1,2", "2,4"])
+def test_a_model_wok_serve_refuses_at_its_start_is_refused_in_the_servers_words(tmp_path, capsys, sizes):
+    """A model whose first forward fails, of zeros too, fails the server's start-up warm-up (a batch of 1 of zeros,
+    Executor.warmup), and `wok serve` refuses it (exit 2). Its first batch absorbed by the profile's warm-up batch of 2
+    (its requests answered in parts), `--batch-sizes 2,4` profiled it (exit 0), and `1,2` was refused as the inputs'
+    failure. The profile runs the server's warm-up, and refuses the model in the server's words."""
+    from wok.errors import WarmupError
+    from wok.executor import Executor
+
+    folder = _cold(tmp_path, 1, on_zeros=True)
+    cold = load_servable(folder)
     executor = Executor(cold, cold.config.instances)
     try:
-        with pytest.raises(WarmupError, match="model 'cold' failed: RuntimeError: not set up yet; in the start-up"):
+        with pytest.raises(WarmupError) as failed:
             executor.warmup()
     finally:
         executor.shutdown()
-    # Its first batch absorbed by the warm-up batch of 2 (its requests answered in parts), the model profiles.
-    cfg = ProfileConfig(batch_sizes=[2, 4], warmup=1, repeats=2, sizes="fixed:4")
-    doc = profiler.profile(load_servable(folder), cfg, lambda device: roofline_for(device, 1e12, 1e11))
-    assert [b["batch_size"] for b in doc["batches"]] == [2, 4]
+    served = str(failed.value)
+    assert served == (
+        "model 'cold' failed: RuntimeError: not set up yet; in the start-up warm-up, on a batch of zeros with input "
+        f"shapes INPUT0 [1, 4] on cpu (config: {folder / 'config.toml'})"
+    )
+    fast = ["--batch-sizes", sizes, "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "cold", "--model-repository", str(folder.parent), *fast]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"\nwok profile: wok serve refuses the model at its start: {served}\n"), err
 
 
 class KeyedByTask(PaddedLinear):

@@ -254,8 +254,9 @@ PAST_51 = " (past 51 the bisection's interval holds no double between its ends)"
     ("option", "value", "message"),
     [
         ("--instances", "0", "--instances: expected an integer >= 1; got 0"),
-        # Past 51 halvings the interval holds no double between its ends (tune.MAX_ITERATIONS).
-        ("--iterations", "-1", f"--iterations: expected an integer from 0 to 51{PAST_51}; got -1"),
+        # Past 51 halvings the interval holds no double between its ends (tune.MAX_ITERATIONS): said of -1 too, that
+        # reason read as why -1 was refused.
+        ("--iterations", "-1", "--iterations: expected an integer from 0 to 51; got -1"),
         # It said "expected an integer ≤ 51", beside "expected an integer >= 0" for -1.
         ("--iterations", "52", f"--iterations: expected an integer from 0 to 51{PAST_51}; got 52"),
         # It was refused at the first simulated step, in the simulator's words: "seed must be >= 0; got -1".
