@@ -606,6 +606,8 @@ class WokServer:
         # No call is refused any more: the last refusals are logged now, not at their window's end.
         token = self._token_interceptor
         step("the token interceptor's close", token is not None, lambda: token.close())
+        # Nor any request failed: those held in a window (a broken check's, a handler's bug's) are told now.
+        step("the failure logs' close", self.service is not None, lambda: self.service.close_failure_logs())
         step("the wake-up drain's removal", self.wakeup_drain is not None, lambda: self.wakeup_drain.uninstall())
 
         @step("the health port's stop", self._health_grpc is not None)

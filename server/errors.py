@@ -119,12 +119,12 @@ class BatcherFailed(ModelExecutionError):
 
 
 class CheckFailed(WokError):
-    """A Servable's own check failed itself: it raised what is no WokError (a refusal is InvalidInput). Its
-    caller is answered as for any exception no WokError ends a request with (to_status: INTERNAL, "internal error:
-    ValueError: ..."), but the servable has logged it, rate-limited (servable.CheckFailureLog): the handler, which
-    logs such an exception on every request, leaves it. Raised from the check's exception."""
+    """A Servable's own check, or its batch_key, failed itself: it raised what is no WokError (a refusal is
+    InvalidInput). Its caller is answered as for any exception no WokError ends a request with (to_status: INTERNAL,
+    "internal error: ValueError: ..."), but the servable has logged it, rate-limited (servable.CheckFailureLog): the
+    handler, which logs such an exception itself, leaves it. Raised from the hook's exception."""
 
-    def __init__(self, exc: Exception) -> None:
+    def __init__(self, exc: BaseException) -> None:
         code, details = to_status(exc)
         super().__init__(details)
         self.code = code

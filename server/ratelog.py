@@ -3,11 +3,14 @@ executor's OwnFailureLog, on a worker thread) tells what was held in its next li
 loop (the batcher's FailureLog) has what is held told at the window's end as well. And WindowedWarning, a count
 of refusals on a Throttle armed on the loop: the first at once, those that follow within the window in one line
 at its end, with their count; the bearer-token interceptor's (server/auth.py) and the metrics port's connection
-cap (server/http.py)."""
+cap (server/http.py). And TracebackLog, failures of one kind on the request path each logged with its traceback at most
+once a window, armed on the loop it fails on: a model's own check and batch_key (servable.CheckFailureLog) and the
+handlers' unexpected errors (server/service.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -104,3 +107,56 @@ class WindowedWarning:
     def close(self) -> None:
         if self.throttle.disarm():
             self.log()
+
+
+class TracebackLog:
+    """Failures of one kind at `level` in `logger`, with the exception's traceback: the first at once, then at most
+    one line a window (`every_s`), which counts those held since the last line (`counted` names them). A failure on a
+    running event loop arms the throttle there, so that what a window held is told at its end, in one line with no
+    traceback that counts them by exception type: a flood writes its first traceback and then one line a window, and
+    a burst that stops is still told. `close()` tells what is still held and leaves no timer on the loop. Off any
+    loop (`wok profile` runs a model's check), what is held is told in the next line. `subject`: the lines' words,
+    "model 'm': its check (model:check) failed"; `failed(exc, line)` may word its own line for the first."""
+
+    def __init__(self, logger: logging.Logger, level: int, subject: str, counted: str, every_s: float = 10.0) -> None:
+        self.logger = logger
+        self.level = level
+        self.subject = subject
+        self.counted = counted
+        self.throttle = Throttle(every_s)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the throttle is armed on
+        self._types: dict[str, int] = {}  # what is held, by exception type's name
+
+    def failed(self, exc: BaseException, line: str | None = None) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._loop:
+            held = self.throttle.disarm()  # a timer on another loop (a server stopped, its loop closed) never runs
+            self.throttle.held = held
+            if loop is not None:
+                self.throttle.arm(loop, self._tell_held)
+            self._loop = loop
+        held = self.throttle.due()
+        if held is None:
+            name = type(exc).__name__
+            self._types[name] = self._types.get(name, 0) + 1
+            return
+        self._types.clear()  # counted in this line
+        more = f" ({held} more {self.counted} since the last logged)" if held else ""
+        self.logger.log(self.level, "%s%s", line or self.subject, more, exc_info=exc)
+
+    def _tell_held(self, held: int, why: str = "") -> bool:
+        types = ", ".join(f"{name}: {n}" for name, n in sorted(self._types.items(), key=lambda kv: -kv[1]))
+        self._types.clear()
+        times = "time" if held == 1 else "times"
+        self.logger.log(self.level, "%s %d more %s since the last logged (%s)%s", self.subject, held, times, types, why)
+        return True
+
+    def close(self) -> None:
+        """Tell what is held now and leave no timer on the loop; a later failure arms the throttle anew."""
+        held = self.throttle.disarm()
+        self._loop = None
+        if held:
+            self._tell_held(held, ", as the server stops")

@@ -11,6 +11,7 @@ Demo models override the hooks to pad or to bucket by length.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import inspect
 import itertools
@@ -39,7 +40,7 @@ from .errors import (
     message_of,
     quoted_name,
 )
-from .ratelog import Throttle
+from .ratelog import TracebackLog
 from .tensors import to_numpy_view, torch_dtype
 
 log = logging.getLogger("wok")
@@ -141,24 +142,29 @@ class HostBuffers:
         return {b.untyped_storage().data_ptr() for b in self._flat.values()}
 
 
-class CheckFailureLog:
-    """A model's check that failed itself (not a refusal: servable's `check`) at WARNING in the server's log, with
-    its traceback: the first at once, then at most one per `every_s`, saying how many were not logged in between.
-    The check runs on every request, which a broken one fails each of: a line (and traceback) per request was
-    thousands a second under load. What is held is told in the next line (its Throttle is not armed on a loop: a
-    check also runs where none runs, in `wok profile`)."""
+class CheckFailureLog(TracebackLog):
+    """A model's check that failed itself (not a refusal: servable's `check`), or its batch_key (`hook`), at WARNING
+    in the server's log, with its traceback: the first at once, then at most one line per `every_s`, saying how many
+    were not logged in between (ratelog.TracebackLog). Both run on every request, which a broken one fails each of:
+    a line (and traceback) per request was thousands a second under load."""
 
-    def __init__(self, model: str, check: str, every_s: float = 10.0) -> None:
-        self.model = model
-        self.check = check  # as the line names it: the config's 'module:callable', or a Servable's own method
-        self.throttle = Throttle(every_s)
+    def __init__(self, model: str, check: str, every_s: float = 10.0, hook: str = "check") -> None:
+        # `check`: as the line names it: the config's 'module:callable', or a Servable's own method
+        super().__init__(
+            log, logging.WARNING, f"model '{model}': its {hook} ({check}) failed", f"failures of its {hook}", every_s
+        )
 
-    def failed(self, exc: BaseException) -> None:
-        held = self.throttle.due()
-        if held is None:
-            return
-        more = f" ({held} more failures of its check since the last logged)" if held else ""
-        log.warning("model '%s': its check (%s) failed%s", self.model, self.check, more, exc_info=exc)
+
+def _signal_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` may be a Ctrl-C's, to leave as it is: a KeyboardInterrupt raised where no event loop runs in this
+    thread (`wok profile`'s checks). Under `wok serve`, whose signals come through its loop, one is the code's own."""
+    if not isinstance(exc, KeyboardInterrupt):
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 class Servable:
@@ -202,6 +208,10 @@ class Servable:
             self._own_check = self.check
             self.check_failures = CheckFailureLog(config.name, f"{own.__module__}:{own.__qualname__}.check")
             self.check = self._run_own_check
+        key = type(self).batch_key
+        self.batch_key_failures = CheckFailureLog(
+            config.name, f"{key.__module__}:{key.__qualname__}", hook="batch_key"
+        )  # told by the service, which calls it on every request (batch_key_failed)
         self.platform_label = platform_label or config.platform
         self._module = module.eval()
         self._per_device: dict[str, nn.Module] = {}
@@ -349,7 +359,9 @@ class Servable:
             # where a KeyboardInterrupt or SystemExit would end the server, and a GeneratorExit, a
             # CancelledError or another BaseException end the call's handler with no answer (a stream's
             # request never answered). Run synchronously, nothing it raises is the task's cancellation,
-            # nor a signal's KeyboardInterrupt: `wok serve` takes its signals through the loop.
+            # nor, on the loop, a signal's KeyboardInterrupt: `wok serve` takes its signals through the loop.
+            if _signal_interrupt(exc):
+                raise
             own = exc
         else:
             if result is not None and not self._check_returned:
@@ -371,14 +383,24 @@ class Servable:
         """A subclass's own `check`: a WokError it raises (its InvalidInput) is its answer to the request, as it
         is; anything else, the check's own failure, is answered in to_status's code and words (CheckFailed) and
         logged here, rate-limited, as the config's check's is: the handler logged it with a traceback on every
-        request. A BaseException is left as it is: a Ctrl-C in `wok profile`'s checks stays one."""
+        request. A BaseException too, as the config's check's (`_run_user_check` says why), but a Ctrl-C in
+        `wok profile`'s checks, which stays one (_signal_interrupt)."""
         try:
             self._own_check(inputs)
         except WokError:
             raise
-        except Exception as exc:
+        except BaseException as exc:
+            if _signal_interrupt(exc):
+                raise
             self.check_failures.failed(exc)
             raise CheckFailed(exc) from exc
+
+    def batch_key_failed(self, exc: BaseException) -> CheckFailed:
+        """The answer to a request whose `batch_key` raised `exc` (no WokError), logged rate-limited as a failed
+        check is: the service calls batch_key on every request, on the event loop (where a BaseException is the
+        hook's own, as a check's), and logged a traceback for each."""
+        self.batch_key_failures.failed(exc)
+        return CheckFailed(exc)
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         """Requests share a batch only when their keys are equal."""

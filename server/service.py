@@ -54,6 +54,7 @@ from .errors import (
     quoted_name,
     to_status,
 )
+from .ratelog import TracebackLog
 from .repository import VERSION, check_version
 from .servertiming import SERVER_TIMING, server_timing
 from .v2pb import grpc_service_pb2 as pb
@@ -458,6 +459,29 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._changed = asyncio.Event()
         # Tells server/unhandled.py that a ModelInfer call reached its handler (metrics on only).
         self._handler_started = server.unhandled.started if server.unhandled is not None else None
+        # By model (None: a name not served), the requests whose handler ended them with an unexpected error (a
+        # bug): a traceback per request was thousands of lines a second under load.
+        self._failures: dict[str | None, TracebackLog] = {}
+
+    def failure_log(self, model: str) -> TracebackLog:
+        """The log of the requests for `model` whose handler an unexpected error (no WokError: a bug) ended: by
+        model, its first traceback at once, then one line a window with the count of the rest."""
+        key = model if model in self.server.runtimes else None  # a client's names would grow the dict
+        failures = self._failures.get(key)
+        if failures is None:
+            subject = f"requests for model '{model}'" if key is not None else "requests for models not served"
+            failures = self._failures[key] = TracebackLog(log, logging.ERROR, f"{subject} failed", "failed requests")
+        return failures
+
+    def close_failure_logs(self) -> None:
+        """At the stop, once no request is handled: tell the failures held in a window (the handlers', each model's
+        check's and batch_key's) and leave no timer on the loop."""
+        for failures in self._failures.values():
+            failures.close()
+        for rt in self.server.runtimes.values():
+            if rt.servable.check_failures is not None:
+                rt.servable.check_failures.close()
+            rt.servable.batch_key_failures.close()
 
     async def idle(self) -> None:
         """Return once no inference request is being handled and, after close_streams(), every
@@ -618,7 +642,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # passes (after its batch was dispatched: before, the batcher drops it as `deadline`).
             m.record_status(self._ended_code(time_left, stream, timeout))
             raise
-        except Exception:
+        except BaseException:  # a CancelledError is not: above
             if not stream:
                 m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
                 rt.stats.fail.add(time.perf_counter() - arrival)
@@ -663,9 +687,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             deadline = arrival + timeout if deadline is None else min(deadline, arrival + timeout)
         # ModelStatistics' fail counts the errors callers get, as success counts answers (`infer`,
         # `_count_answer`), not as the batcher fails a request: its caller may be gone by then.
-        p = rt.batcher.submit(
-            dec.inputs, dec.rows, servable.batch_key(dec.inputs), deadline, dec.priority, count_fail=False
-        )
+        try:
+            key = servable.batch_key(dec.inputs)
+        except WokError:
+            raise
+        except BaseException as exc:  # run synchronously: not the task's cancellation (a CancelledError is its own)
+            raise servable.batch_key_failed(exc) from exc
+        p = rt.batcher.submit(dec.inputs, dec.rows, key, deadline, dec.priority, count_fail=False)
         try:
             outputs = await p.future
         except asyncio.CancelledError:
@@ -753,8 +781,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # One whose call's deadline had passed ended as a cancelled call in `infer`, which
             # decides it once, counting it as the client sees it.
             await _abort(context, exc)
-        except Exception as exc:  # a bug, not the request's fault: INTERNAL, and log it
-            log.exception("ModelInfer for model '%s' failed", request.model_name)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug, not the request's fault: INTERNAL, and log it
+            # A BaseException too: a KeyboardInterrupt or SystemExit out of the handler would end the server's loop
+            # (`wok serve` takes its signals through the loop: one here is code's own).
+            self.failure_log(request.model_name).failed(exc, f"ModelInfer for model '{request.model_name}' failed")
             await _abort(context, exc)
 
     async def ModelStreamInfer(self, request_iterator, context):
@@ -779,9 +811,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 # until then (a client reading slowly: up to the stream's window of them).
                 answer = pb.ModelStreamInferResponse(infer_response=resp)
                 results.put_nowait((answer, req.model_name, req.model_version, "OK", time.perf_counter() - begun))
-            except Exception as exc:  # every request on the stream gets its one answer
+            except asyncio.CancelledError:
+                raise  # the stream's end, or its call's: no answer is written
+            except BaseException as exc:  # every request on the stream gets its one answer (ModelInfer: why Base)
                 if not isinstance(exc, WokError):
-                    log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
+                    line = f"ModelStreamInfer request for model '{req.model_name}' failed"
+                    self.failure_log(req.model_name).failed(exc, line)
                 code, details = to_status(exc)
                 model, version = req.model_name, req.model_version
                 answer = error_answer(code, details, self.send_limit, model, version, req.id)

@@ -14,14 +14,14 @@ import pytest
 from torch import nn
 
 from wok.codec import decode_response, encode_request
-from wok.errors import InvalidInput, ModelExecutionError
+from wok.errors import CheckFailed, InvalidInput, ModelExecutionError
 from wok.repository import load_servable
 from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
-from .conftest import four_wide_config
-from .test_repository_check import checked_model
+from .conftest import four_wide_config, until
+from .test_repository_check import CHECKED_MODEL, checked_model
 
 BAD = 1e7  # a value BuggyCheck's check fails on
 DETAILS = "internal error: ValueError: a bug in the check over 1e6"
@@ -54,8 +54,8 @@ async def served(servable: Servable):
         await server.stop(grace=5.0)
 
 
-def request(value: float, request_id: str = "") -> pb.ModelInferRequest:
-    req = encode_request("own", {"INPUT0": np.full((1, 4), value, np.float32)})
+def request(value: float, request_id: str = "", model: str = "own") -> pb.ModelInferRequest:
+    req = encode_request(model, {"INPUT0": np.full((1, 4), value, np.float32)})
     req.id = request_id
     return req
 
@@ -144,3 +144,152 @@ def test_a_config_checks_failures_held_in_a_window_are_counted_in_the_next_line(
         "model 'chk': its check (model:check) failed (3 more failures of its check since the last logged)",
     ]
     assert all(isinstance(r.exc_info[1], KeyError) for r in caplog.records)
+
+
+async def test_a_burst_of_check_failures_that_stops_is_told_at_its_windows_end_and_the_rest_at_the_stop(caplog):
+    # The check's throttle was not armed on the loop: a burst that stopped was told only with the next failure.
+    s = BuggyCheck(four_wide_config("own"), nn.Identity())
+    now = [0.0]
+    throttle = s.check_failures.throttle
+    throttle.clock = lambda: now[0]
+    throttle.every_s = 0.2  # the timer waits this long on the loop's clock, and finds the window over by the test's
+    what = f"{BuggyCheck.__module__}:{BuggyCheck.__qualname__}.check"
+    async with served(s) as (_, stub):
+        with caplog.at_level(logging.WARNING):
+            await asyncio.gather(*(stub.ModelInfer(request(BAD)) for _ in range(5)), return_exceptions=True)
+            assert len(check_lines(caplog)) == 1
+            now[0] += 0.2
+            await until(lambda: len(check_lines(caplog)) == 2)
+            throttle.every_s = 600.0  # the window the told line began: what it holds is told by the stop
+            for _ in range(2):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await stub.ModelInfer(request(BAD))
+            assert len(check_lines(caplog)) == 2
+    first, held, stopped = check_lines(caplog)
+    assert first.getMessage() == f"model 'own': its check ({what}) failed" and isinstance(first.exc_info[1], ValueError)
+    assert (held.getMessage(), held.exc_info) == (
+        f"model 'own': its check ({what}) failed 4 more times since the last logged (ValueError: 4)",
+        None,
+    )
+    assert stopped.getMessage() == (
+        f"model 'own': its check ({what}) failed 2 more times since the last logged (ValueError: 2), "
+        "as the server stops"
+    )
+    assert throttle.window_end is None  # nothing left on the loop
+
+
+class BuggyKey(Servable):
+    """A servable whose own batch_key has a bug on a value over 1e6 (a ValueError); other requests get the default."""
+
+    def batch_key(self, inputs):
+        if (inputs["INPUT0"] > 1e6).any():
+            raise ValueError("a bug in the batch key over 1e6")
+        return super().batch_key(inputs)
+
+
+async def test_a_servables_batch_key_that_fails_is_logged_once_a_window_not_per_request(caplog):
+    s = BuggyKey(four_wide_config("keyed"), nn.Identity())
+    what = f"{BuggyKey.__module__}:{BuggyKey.__qualname__}.batch_key"
+    details = "internal error: ValueError: a bug in the batch key over 1e6"
+    async with served(s) as (server, stub):
+        with caplog.at_level(logging.WARNING):
+            results = await asyncio.gather(
+                *(stub.ModelInfer(request(BAD, model="keyed")) for _ in range(20)), return_exceptions=True
+            )
+            reqs = [request(BAD, f"s{i}", "keyed") for i in range(5)]
+            answers = [a async for a in stub.ModelStreamInfer(iter(reqs))]
+            out = decode_response(await stub.ModelInfer(request(2.0, model="keyed")))
+    for r in results:
+        assert isinstance(r, grpc.aio.AioRpcError), r
+        assert (r.code(), r.details()) == (grpc.StatusCode.INTERNAL, details)
+    assert sorted(a.infer_response.id for a in answers) == [f"s{i}" for i in range(5)]
+    for a in answers:
+        assert a.error_message == details
+        assert a.infer_response.parameters["status_code"].int64_param == grpc.StatusCode.INTERNAL.value[0]
+    np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+    # One line with its traceback, no handler's line: it logged "ModelInfer for model 'keyed' failed" 25 times.
+    lines = check_lines(caplog)
+    assert [r.getMessage() for r in lines] == [
+        f"model 'keyed': its batch_key ({what}) failed",
+        f"model 'keyed': its batch_key ({what}) failed 24 more times since the last logged (ValueError: 24), "
+        "as the server stops",
+    ]
+    assert isinstance(lines[0].exc_info[1], ValueError) and lines[1].exc_info is None
+    assert server.metrics.models["keyed"].responses == {"INTERNAL": 25, "OK": 1}
+
+
+# A BaseException a Servable's own check raises by the request's value (INPUT0's), on the event loop: the check's own.
+RAISED = {
+    5: KeyboardInterrupt("ki"),
+    6: GeneratorExit("from the check"),
+    8: asyncio.CancelledError("from the check"),
+    10: SystemExit(3),
+}
+
+
+class RaisingCheck(Servable):
+    def check(self, inputs):
+        exc = RAISED.get(int(inputs["INPUT0"].flat[0]))
+        if exc is not None:
+            # A new one each time: the module's instance, raised, would keep each raise's frames (its requests).
+            raise type(exc)(*exc.args)
+
+
+@pytest.mark.parametrize("call", ["unary", "stream"])
+async def test_a_servables_own_check_raising_a_base_exception_fails_its_request_alone(call, caplog):
+    # Not wrapped, on a stream (whose per-request task caught only Exception) a GeneratorExit or CancelledError
+    # left its request unanswered, and the stream with it; a KeyboardInterrupt or SystemExit ended the loop.
+    s = RaisingCheck(four_wide_config("raising"), nn.Identity())
+    want = {v: ("INTERNAL", f"internal error: {type(e).__name__}: {e}") for v, e in RAISED.items()}
+    async with served(s) as (server, stub):
+        with caplog.at_level(logging.WARNING):
+            got: dict[int, tuple[str, str]] = {}
+            good: list[tuple[str, str]] = []
+            if call == "unary":
+                for v in RAISED:
+                    for value in (v, 0.5):
+                        try:
+                            await stub.ModelInfer(request(value, model="raising"), timeout=10)
+                            answer = ("OK", "")
+                        except grpc.aio.AioRpcError as exc:
+                            answer = (exc.code().name, exc.details())
+                        if value == 0.5:
+                            good.append(answer)
+                        else:
+                            got[v] = answer
+            else:
+                reqs = [request(value, f"{v} {value}", "raising") for v in RAISED for value in (v, 0.5)]
+                stream = stub.ModelStreamInfer(iter(reqs), timeout=10)
+                async for a in stream:
+                    number = a.infer_response.parameters["status_code"].int64_param if a.error_message else 0
+                    code = next(c for c in grpc.StatusCode if c.value[0] == number)
+                    v, value = a.infer_response.id.split()
+                    answer = (code.name, a.error_message)
+                    if value == "0.5":
+                        good.append(answer)
+                    else:
+                        got[int(v)] = answer
+                assert await stream.code() == grpc.StatusCode.OK
+            assert got == want
+            assert good == [("OK", "")] * len(RAISED)
+            lines = check_lines(caplog)
+    what = f"{RaisingCheck.__module__}:{RaisingCheck.__qualname__}.check"
+    assert [r.getMessage() for r in lines] == [f"model 'raising': its check ({what}) failed"]
+    assert isinstance(lines[0].exc_info[1], KeyboardInterrupt)
+    assert server.metrics.models["raising"].responses == {"INTERNAL": len(RAISED), "OK": len(RAISED)}
+
+
+def test_a_keyboard_interrupt_from_a_check_off_the_event_loop_stays_one(tmp_path):
+    # `wok profile` runs the checks with no loop, where a Ctrl-C's KeyboardInterrupt may land in one: it stays a
+    # Ctrl-C (the profile ends "interrupted"). The config's check made it its own failure (ModelExecutionError).
+    interrupted = {"INPUT0": np.full((1, 4), 5.0, np.float32)}
+    source = CHECKED_MODEL + "\n\ndef interrupts(inputs):\n    raise KeyboardInterrupt('ki')\n"
+    config = load_servable(checked_model(tmp_path, check="model:interrupts", source=source))
+    with pytest.raises(KeyboardInterrupt):
+        config.check(interrupted)
+    own = RaisingCheck(four_wide_config("raising"), nn.Identity())
+    with pytest.raises(KeyboardInterrupt):
+        own.check(interrupted)
+    with pytest.raises(CheckFailed) as info:  # no signal's: the check's own failure, as the server answers it
+        own.check({"INPUT0": np.full((1, 4), 10.0, np.float32)})
+    assert str(info.value) == "internal error: SystemExit: 3"

@@ -5,8 +5,9 @@ WindowedWarning's); WindowedWarning, the refusals' count, is a Throttle armed on
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from wok.ratelog import Throttle, WindowedWarning
+from wok.ratelog import Throttle, TracebackLog, WindowedWarning
 
 from .conftest import until
 
@@ -51,3 +52,38 @@ async def test_a_warnings_window_end_with_nothing_new_begins_no_window():
     assert said == [2, 1]  # at once: the window's end that said nothing began no window
     warning.close()
     assert said == [2, 1] and warning.throttle.window_end is None
+
+
+def test_a_traceback_log_tells_a_window_held_at_its_end_on_each_loop_it_fails_on(caplog):
+    # A model's check fails on the server's loop; a servable outlives a server (its loop closed, a timer of the
+    # throttle's still on it) and serves on the next one's, where what it holds is told at the window's end as well.
+    logger = logging.getLogger("wok.test_ratelog")
+    failures = TracebackLog(logger, logging.WARNING, "model 'm': its check (m:check) failed", "failures of its check")
+    failures.throttle.every_s = 1.0  # long enough for the next loop's failure to come within it, on a slow host
+
+    async def fail(*excs: BaseException) -> None:
+        for exc in excs:
+            failures.failed(exc)
+
+    async def told(n: int) -> None:
+        await fail(KeyError("k"))
+        await until(lambda: len(caplog.records) == n)
+
+    with caplog.at_level(logging.WARNING, logger="wok.test_ratelog"):
+        asyncio.run(fail(ValueError("first"), KeyError("a"), ValueError("b"), KeyError("c")))  # its loop closes
+        assert failures.throttle.window_end is not None and failures.throttle.held == 3
+        asyncio.run(told(2))
+        failures.throttle.every_s = 600.0
+        asyncio.run(fail(ValueError("x")))  # the next window: held, then told at the close
+        failures.close()
+    first, held, closed = caplog.records
+    assert first.getMessage() == "model 'm': its check (m:check) failed" and str(first.exc_info[1]) == "first"
+    # What the closed loop's timer never told, told on the next loop: no traceback, the exceptions counted by type.
+    assert (held.getMessage(), held.exc_info) == (
+        "model 'm': its check (m:check) failed 4 more times since the last logged (KeyError: 3, ValueError: 1)",
+        None,
+    )
+    assert closed.getMessage() == (
+        "model 'm': its check (m:check) failed 1 more time since the last logged (ValueError: 1), as the server stops"
+    )
+    assert failures.throttle.window_end is None
