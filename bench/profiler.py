@@ -699,8 +699,10 @@ def time_batches(
         # served one (its oneDNN kernels built).
         executor.warmup()
         # Its batches of up to 64 rows take oneDNN where the profile's sizes may not (under 4 rows): only the calls
-        # after it say how the profile's batches ran.
-        warm_calls = [chain.calls for chain in chains(instance.module)]
+        # after it say how the profile's batches ran. Kept by chain, not by place in the list: a OneDNNSequential
+        # plans new chains when a hook is registered anywhere (a model that hooks a layer for each call does at each
+        # call), and the warm-up's last chain and the profile's last, 1 call each, read as no call since.
+        warm_calls = {chain: chain.calls for chain in chains(instance.module)}
         for _ in range(cfg.warmup):
             for n in sizes:
                 run(n, warmup=True)
@@ -716,7 +718,7 @@ def time_batches(
                 if progress:
                     progress(1)
         # What ran, not what was asked: a torch.export model was recorded as onednn, which it never reaches.
-        ran = any(chain.calls > calls for chain, calls in zip(chains(instance.module), warm_calls))
+        ran = any(chain.calls > warm_calls.get(chain, 0) for chain in chains(instance.module))
         out.cpu_linear = "onednn" if ran else "torch"
     finally:
         executor.shutdown()

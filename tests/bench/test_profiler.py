@@ -573,6 +573,40 @@ def test_a_profile_of_batches_under_4_rows_records_torchs_layers(tmp_path):
     assert _profiled(folder, "--batch-sizes", "1,2")["config"]["cpu_linear"] == "torch"
 
 
+TAPPED_MODEL = """
+from torch import nn
+
+
+class Tapped(nn.Module):
+    # Reads its input as each forward runs, through a hook registered for that call alone (a common way to keep an
+    # intermediate activation): any hook registered makes a OneDNNSequential plan its chains anew at its next call.
+    def __init__(self):
+        super().__init__()
+        self.tap = nn.Identity()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+
+    def forward(self, x):
+        handle = self.tap.register_forward_hook(lambda module, args, out: None)
+        try:
+            return self.body(self.tap(x))
+        finally:
+            handle.remove()
+
+
+def build(**parameters):
+    return Tapped()
+"""
+
+
+@pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
+def test_a_model_whose_chains_are_planned_anew_at_each_call_records_onednn(tmp_path):
+    """Its batches of 4 and 8 rows ran through oneDNN, each on chains planned for that call. The chains after the
+    start-up warm-up were matched by their place in the list with those after the profile: the last warm-up batch's
+    chain (1 call) against the last timed batch's (1 call), and `config.cpu_linear` said torch."""
+    folder = write_python_model(tmp_path / "repo" / "tapped", TAPPED_MODEL, 8)
+    assert _profiled(folder, "--batch-sizes", "4,8")["config"]["cpu_linear"] == "onednn"
+
+
 class _ScriptedTable(torch.nn.Module):
     """Ids looked up in a parameter with F.embedding, no nn.Embedding; and a table of positions, indexed by
     arange, not by the ids: its 5 rows bound no id."""
