@@ -22,9 +22,10 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
 model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why. Nor is one whose ids
-are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`): neither `rows` nor `bounds`, as the graphs of TorchScript,
-torch.fx and torch.export (through a view) go on reading the changed value as the ids the request sent
-(`_Walk.in_place`).
+are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, through a view, a list's item
+or an op that may return them: `l = [ids]; l[0].sub_(1)`, `ids.cpu().sub_(1)`): neither `rows` nor `bounds`, as the
+graphs of TorchScript, torch.fx and torch.export go on reading the changed value as the ids the request sent
+(`_Walk.in_place`, `_Walk.share`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ _PARTS = frozenset(f"aten::{op}" for op in ("slice", "select", "narrow", "expand
 # `x.select(0, i)` of an `i` made of ids looks it up as `x[i]` does.
 _POSITIONED = frozenset({"aten::select", "aten::narrow"})
 _CASTS = frozenset({"aten::to", "aten::_to_copy", "aten::long"})
-# TorchScript's ScalarType codes of the integer dtypes (c10/core/ScalarType.h), the ones a cast of ids may name.
-_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64}
+# TorchScript's ScalarType codes of the integer dtypes and bool (c10/core/ScalarType.h): those of ids and masks.
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 11: torch.bool}
 # Index tensors `table[index]` takes as a mask, not as rows.
 _MASKS = (torch.bool, torch.uint8)
 # The same ops as torch.fx sees a python module call them (methods of a tensor, or functions of torch).
@@ -66,7 +67,11 @@ _FX_KEEPS = frozenset(op.removeprefix("aten::") for op in _KEEPS)
 # `x[i]`: a tensor's __getitem__ method, or operator.getitem.
 _FX_INDEX = frozenset({"__getitem__", "getitem"})
 _FX_PARTS = frozenset({*(op.removeprefix("aten::") for op in _PARTS), *_FX_INDEX, "index_select"})
-_FX_CASTS = {"long": torch.int64, "int": torch.int32, "to": None}
+_FX_CASTS = {
+    "long": torch.int64, "int": torch.int32, "short": torch.int16, "char": torch.int8, "byte": torch.uint8,
+    "bool": torch.bool, "float": torch.float32, "double": torch.float64, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "to": None,
+}  # fmt: skip
 # Ops that read no value of their inputs as a position in another tensor (arithmetic, comparisons, casts, reductions,
 # a size, a new tensor, a container), by their names in TorchScript and torch.export graphs (less aten::/prim::) and
 # as torch.fx sees them called (torch's and python's operators): values made of an input's ids through them are
@@ -97,6 +102,25 @@ _NO_LOOKUP = frozenset(
     )
     for op in ops.split()
 )  # fmt: skip
+# Of _NO_LOOKUP's ops, those whose result is always a new tensor, never (a view of) an argument: an in-place change
+# of it changes no id. Any other's result (a list's item, `ids.cpu()`, `ids.type_as(ids)`, `torch.atleast_1d(ids)`,
+# a function of the model's own) may be its argument, whatever its schema says (`_Walk.share`).
+_FRESH = frozenset(
+    op
+    for ops in (
+        "add sub rsub mul div true_divide floor_divide remainder fmod pow neg negative abs sign",
+        "clamp clamp_min clamp_max clip minimum maximum floor ceil round trunc",
+        "sqrt rsqrt exp log log1p log2 reciprocal square",
+        "bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift",
+        "__and__ __or__ __xor__ __invert__ __lshift__ __rshift__",
+        "eq ne lt le gt ge logical_and logical_or logical_not logical_xor isin where masked_fill",
+        "sum mean max min amax amin argmax argmin prod any all count_nonzero cumsum",
+        "zeros_like ones_like full_like empty_like new_zeros new_ones new_full new_empty arange zeros ones full empty",
+        "cat concat concatenate stack float_power linear matmul mm bmm addmm relu sigmoid tanh softmax log_softmax",
+        "truediv floordiv mod and_ or_ xor invert lshift rshift",
+    )
+    for op in ops.split()
+)  # fmt: skip
 # Ops that read an input's shape alone, not its ids: what they make (`arange(ids.size(1))`, positions) holds none.
 _SHAPES = frozenset({"size", "sym_size", "sym_numel", "sym_stride", "numel", "dim", "len", "stride", "dtype", "device"})
 # The attributes of a tensor that torch.fx reads with getattr and that hold none of its values.
@@ -116,6 +140,12 @@ _INTEGER_CLOSED = frozenset(
     )
     for op in ops.split()
 )
+# Of _NO_LOOKUP's ops, those whose result is a mask where each tensor argument is one and any other a python bool
+# (`~mask`, `(ids != 0) & (ids < 5)`): bool stays bool (a python int would make it one).
+_MASK_CLOSED = frozenset(
+    {"bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "__and__", "__or__", "__xor__", "__invert__", "and_",
+     "or_", "xor", "invert"}
+)  # fmt: skip
 # In-place ops that change no value (autograd's flags; a new shape in place is one of _KEEPS): ids stay the ids.
 _KEEPS_IN_PLACE = frozenset({"requires_grad", "retain_grad", "share_memory", "record_stream"})
 # Python's in-place operators as torch.fx records them (`ids += 1` changes `ids` and any view of it).
@@ -236,10 +266,10 @@ class _Walk:
     some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: how, the
     words after "it reaches a table through": the step that left what is followed, the ids, a mask or a `% n` of
     them}), the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those in
-    [0, n) whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the value whose
-    memory each value made by a view, a cast or a copy may share (`base`: an in-place change of one changes the
-    others), what reached a table, and the inputs whose bound is not known (`unbounded`: input → why, module
-    docstring)."""
+    [0, n) whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the values whose
+    memory each value made by a view, a cast, a copy, a container's item or an op that may return its argument may
+    share (`base`: value → its roots; an in-place change of one changes the others), what reached a table, and the
+    inputs whose bound is not known (`unbounded`: input → why, module docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
@@ -273,8 +303,8 @@ class _Walk:
         value may share memory with it by ways not followed (a list's item), so none is."""
         if _bare(via) in _KEEPS_IN_PLACE:
             return
-        root = self.base.get(target, target)
-        shared = [v for v, b in self.base.items() if b == root] + [root, target]
+        roots = self.roots(target)
+        shared = [v for v, b in self.base.items() if b & roots] + [*roots, target]
         touched = set(self.inputs_of(target))
         for v in shared:
             if v in self.ids:
@@ -286,6 +316,16 @@ class _Walk:
             # The in-place op, not the `%` before it, is the step not followed (`y = ids % 200; y.view(-1).add_(1)`).
             then = f"{op}, then {via} in place, which wok does not follow"
             self.mixed[v] = {name: then if name in touched else how for name, how in self.inputs_of(v).items()}
+
+    def roots(self, value) -> frozenset:
+        """The values whose memory `value` may share, itself among them where it was made by none."""
+        return self.base.get(value, frozenset({value}))
+
+    def share(self, out, srcs) -> None:
+        """`out` may be (a view of) any of `srcs` (`l[0]` of `l = [ids]`, `ids.cpu()`), or, where it is one of them
+        (a list appended to), may now hold them too: an in-place change of it may change theirs."""
+        held = self.roots(out) if out in srcs else frozenset()
+        self.base[out] = held.union(*(self.roots(s) for s in srcs if s != out))
 
     def inputs_of(self, value) -> dict[str, str]:
         """The inputs `value` is derived from, each with how ('' where it holds the ids, all or some)."""
@@ -311,6 +351,13 @@ class _Walk:
         dtypes = {a for a in args if a is not int}
         if _bare(via) in _INTEGER_CLOSED and len(dtypes) == 1 and None not in dtypes:
             self.integer[out] = dtypes.pop()
+
+    def mask_op(self, out, via: str, tensors: list, others: list, into: bool = False) -> None:
+        """`out`, made by op `via` of `tensors` and the values `others`, is a mask where `via` keeps one
+        (`_MASK_CLOSED`) and writes into no tensor given (`into`: `out=`, whose dtype it keeps)."""
+        masks = tensors and all(self.mask(t) for t in tensors) and all(isinstance(o, bool) for o in others)
+        if masks and _bare(via) in _MASK_CLOSED and not into:
+            self.masks.add(out)
 
     def derive(self, outs, ins, via: str, restate: bool = False, reads: bool | None = None, into: bool = False) -> None:
         """`outs`, made by op `via` from `ins`: derived from each input any of `ins` is, not as ids (`restate`:
@@ -370,11 +417,17 @@ class _Walk:
             if not self.mask(v):
                 self.derive([], [v], via, reads=True)
 
-    def keep(self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False) -> None:
+    def keep(
+        self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False, read: bool = True
+    ) -> None:
         """`out` holds `src`'s values (`part`: some of them): ids stay ids, where a cast to `want` loses none; a mask
-        stays a mask but cast (`mask.long()` holds rows 0 and 1)."""
-        self.base[out] = self.base.get(src, src)
-        if src in self.masks and want in (None, torch.bool):
+        stays a mask but cast (`mask.long()` holds rows 0 and 1), and anything cast to bool is one (`(ids != 0).bool()`,
+        `ids.bool()`). A cast to another dtype than `src`'s is a copy; a move, or a cast to its own dtype (or one not
+        known: `read` False, `want` a stand-in), may be `src` itself (`ids.long()` of int64 ids)."""
+        have = self.integer_of(src)  # a mask's is not known: a uint8 one of a torch.export graph is no bool
+        if want is None or have is None or want == have or not read:
+            self.base[out] = self.roots(src)
+        if want == torch.bool or (src in self.masks and want is None):
             self.masks.add(out)
         if src in self.ids and _keeps_values(self.ids[src][1], want):
             name, have, taken = self.ids[src]
@@ -392,13 +445,13 @@ class _Walk:
         """`out` is `src`'s memory read as `dtype` (`ids.view(torch.int8)`): its bytes, none of its values (id 200
         is -56, 0, ...; an int8's `% 100` read as int64, ids past any table)."""
         self.derive([out], [src], via, reads=False)
-        self.base[out] = self.base.get(src, src)
+        self.base[out] = self.roots(src)
         if _most(dtype) >= 0:
             self.integer[out] = dtype
 
     def alias(self, out, src) -> None:
         """`out` is `src` (a branch always taken returns it)."""
-        self.base[out] = self.base.get(src, src)
+        self.base[out] = self.roots(src)
         if src in self.ids:
             self.ids[out] = self.ids[src]
         elif src in self.mixed:
@@ -518,7 +571,8 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
                 walk.positions([], [a for a in ins if a is not node.args[0]], op)
         elif op in _CASTS and node.args:
             val = node.meta.get("val")
-            walk.keep(node, node.args[0], val.dtype if isinstance(val, torch.Tensor) else torch.float32, op)
+            read = isinstance(val, torch.Tensor)
+            walk.keep(node, node.args[0], val.dtype if read else torch.float32, op, read=read)
         elif op in _RENORMS and len(node.args) > 1:
             # max_norm's renorm of the rows the ids name, in place, before F.embedding looks them up: the same rows.
             walk.lookup(node.args[1], _rows_of(getattr(node.args[0], "meta", {}).get("val")), op)
@@ -528,8 +582,30 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             if op == "aten::remainder" and len(node.args) == 2:
                 # The trace's dtypes are the graph's own: a float's `% n` is not within n (`_Walk.remainder`).
                 walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]), op)
-            if _is_in_place(op) and node.args:  # kept in place by torch.export on a view (`ids.view(-1).sub_(1)`)
-                walk.in_place(node.args[0], op)
+            _program_writes(walk, node, op, ins)
+
+
+def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
+    """What an op of a torch.export graph not followed writes (`_Script.writes`), which torch.export keeps on a view
+    or an input (`ids.view(-1).sub_(1)`, `torch.sub(v, 1, out=v)`)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:  # operator.getitem of an op's results, a higher-order op
+        if _is_in_place(op) and node.args:
+            walk.in_place(node.args[0], op)
+        walk.share(node, ins)
+        return
+    changed, filled = _effects(schema)
+    for name in filled:
+        held = _schema_arg(node, name)
+        if isinstance(held, torch.fx.Node):
+            walk.share(held, ins)
+    for name in changed:
+        held = _schema_arg(node, name)
+        for target in held if isinstance(held, (list, tuple)) else [held]:
+            if isinstance(target, torch.fx.Node):
+                walk.in_place(target, _written_by(op, name))
+    if changed or filled or _bare(op) not in _FRESH:
+        walk.share(node, ins)
 
 
 def _fx_val_dtype(node) -> torch.dtype | None:
@@ -687,16 +763,35 @@ class _Script:
                 # its keys, it fails.
                 walk.derive(outs, ins[:1], kind, reads=False)
                 walk.positions(outs, ins[1:], kind)
+                walk.share(outs[0], ins[:1])  # the item itself: `l[0].sub_(1)` of `l = [ids]` changes the ids
             elif kind in _CASTS:
-                walk.keep(outs[0], ins[0], _script_dtype(node), kind)
+                want, read = _script_dtype(node)
+                walk.keep(outs[0], ins[0], want, kind, read=read)
             else:
                 walk.derive(outs, ins, kind, into=_writes_out(node))
                 if outs:
                     walk.integer_op(outs[0], kind, [self.integer_arg(v) for v in ins])
+                    tensors = [v for v in ins if isinstance(v.type(), torch._C.TensorType)]
+                    others = [self.constant(v) for v in ins if v not in tensors]
+                    walk.mask_op(outs[0], kind, tensors, others, into=_writes_out(node))
                 if kind == "aten::remainder" and len(ins) == 2:
                     walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]), kind)
-                if kind.endswith("_") and not kind.endswith("__") and ins:
-                    walk.in_place(ins[0], kind)
+                self.writes(node, kind, ins, outs)
+
+    def writes(self, node, kind: str, ins: list, outs: list) -> None:
+        """What an op not followed writes, read from its schema (a prim node has none: an in-place op by its name): a
+        tensor it changes in place (`ids.sub_(1)`, `out=`, a list's tensors), a container it puts its other
+        arguments in (`l.append(ids)`); and its result, where it may be (a view of) an argument (`_FRESH`: `l[0]`
+        of `l = [ids]`, a prim node's, `ids.cpu()`)."""
+        schema = _script_schema(node)
+        changed, filled = _effects(schema) if schema is not None else (["self"] if _is_in_place(kind) else [], [])
+        for name in filled:
+            self.walk.share(node.namedInput(name), ins)
+        for name in changed:
+            self.walk.in_place(ins[0] if schema is None else node.namedInput(name), _written_by(kind, name))
+        if changed or filled or _bare(kind) not in _FRESH:
+            for out in outs:
+                self.walk.share(out, ins)
 
     def integer_arg(self, value):
         """An op's argument as `_Walk.integer_op` takes it: a tensor's integer dtype, `int` for an int constant."""
@@ -738,11 +833,41 @@ class _Script:
             self.nodes(block.nodes(), conditional or "prim::If")
         inner = _inner(blocks)
         for i, out in enumerate(outs):
-            ways = [walk.ids.get(list(b.outputs())[i]) for b in blocks]
+            values = [list(b.outputs())[i] for b in blocks]
+            walk.share(out, values)  # either way's value itself: an in-place change of `out` changes it
+            ways = [walk.ids.get(v) for v in values]
             if all(w is not None for w in ways) and len({w[:2] for w in ways}) == 1:
                 walk.ids[out] = (*ways[0][:2], next((w[2] for w in ways if w[2]), ""))
-            else:
-                walk.derive([out], ins + inner, "prim::If", restate=True, reads=False)
+                continue
+            walk.derive([out], ins + inner, "prim::If", restate=True, reads=False)
+            within = [walk.within.get(v) for v in values]
+            if all(w is not None for w in within):  # `% n` either way: within the largest n
+                walk.within[out] = max(within, key=lambda w: w[0])
+
+
+def _script_schema(node):
+    """The schema of the op a TorchScript node calls; None for a prim node, which has none."""
+    text = node.schema()
+    return None if text == "(no schema)" else torch._C.parse_schema(text)
+
+
+def _effects(schema) -> tuple[list[str], list[str]]:
+    """An op's schema read for what it writes: the arguments it changes in place (a tensor, `out=`, a list's
+    tensors: `Tensor(a!)[]`), and the containers it puts its other arguments in (`t[](a!)`: `l.append(ids)`)."""
+    changed: list[str] = []
+    filled: list[str] = []
+    for arg in schema.arguments:
+        info = arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        container = info.before_set and arg.type.kind() in ("ListType", "DictType")
+        (filled if container else changed).append(arg.name)
+    return changed, filled
+
+
+def _written_by(op: str, arg: str) -> str:
+    """How the start-up names an op that writes into its argument `arg`: `aten::sub_`, `aten::sub with out=`."""
+    return f"{op} with {arg}=" if arg == "out" else op
 
 
 def _writes_out(node) -> bool:
@@ -769,19 +894,20 @@ def _walk_script(walk: _Walk, module: torch.jit.ScriptModule, order: list[str], 
     script.nodes(script.graph.nodes(), "")
 
 
-def _script_dtype(node) -> torch.dtype | None:
+def _script_dtype(node) -> tuple[torch.dtype | None, bool]:
     """The dtype a TorchScript cast casts to: None where it names none (a move to a device); float32 where it
-    cannot be read (a value, or another tensor's dtype), which no id keeps."""
+    cannot be read (a value, or another tensor's dtype), which no id keeps; and whether it was read."""
     if node.kind() == "aten::long":
-        return torch.int64
+        return torch.int64, True
     try:
         value = node.namedInput("dtype")
     except RuntimeError:  # to(other): another tensor's dtype
-        return torch.float32
+        return torch.float32, False
     if value.node().kind() != "prim::Constant":
-        return torch.float32
+        return torch.float32, False
     code = value.toIValue()
-    return None if code is None else _SCALAR_TYPES.get(code, torch.float32)
+    # A code not listed is a float's or a complex's: not an integer's nor bool's, what ids and masks are.
+    return (None if code is None else _SCALAR_TYPES.get(code, torch.float32)), True
 
 
 # -- python nn.Module (torch.fx) ---------------------------------------------------------------------------------
@@ -912,7 +1038,8 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         elif name in ("select", "narrow"):
             walk.positions([], [a for a in ins if a is not args[0]], name)
     elif node.op == "call_method" and name in _FX_CASTS and args:
-        walk.keep(node, args[0], _fx_dtype(node, _FX_CASTS[name]), name)
+        want, read = _fx_dtype(node, _FX_CASTS[name])
+        walk.keep(node, args[0], want, name, read=read)
     elif target is getattr and len(args) == 2 and args[1] in _FX_SHAPES:
         return  # `ids.shape`: none of its ids
     else:
@@ -921,11 +1048,25 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         walk.derive([node], ins, shown, reads=None if known else True, into="out" in node.kwargs)
         if known:
             walk.integer_op(node, name or shown, [_fx_integer(walk, a) for a in (*args, *node.kwargs.values())])
+            given = [*args, *(v for k, v in node.kwargs.items() if k != "out")]
+            tensors = [a for a in given if isinstance(a, torch.fx.Node)]
+            others = [a for a in given if not isinstance(a, torch.fx.Node)]
+            walk.mask_op(node, name or shown, tensors, others, into="out" in node.kwargs)
         if (target is operator.mod or name == "remainder") and len(args) == 2:
             walk.remainder(node, args[1], walk.integer_of(args[0]), name or shown)
         in_place = name is not None and name.endswith("_") and not name.endswith("__")
         if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
             walk.in_place(args[0], shown)
+        given = node.kwargs.get("out")
+        written = (
+            [given] if isinstance(given, torch.fx.Node) else [o for o in given or () if isinstance(o, torch.fx.Node)]
+        )
+        for out in written:  # `torch.sub(ids, 1, out=ids)`: its result is `out`, changed
+            walk.in_place(out, _written_by(shown, "out"))
+        # The result of a function of the model's own, of a tensor's attribute (`ids.data`), of an op not in _FRESH
+        # (`ids.cpu()`, `ids += 1`) may be its argument.
+        if written or not known or _bare(name or shown) not in _FRESH:
+            walk.share(node, ins)
 
 
 def _py_operator(target) -> bool:
@@ -1063,11 +1204,11 @@ def _fx_tensor(traced: torch.fx.GraphModule, node) -> torch.Tensor | None:
     return held
 
 
-def _fx_dtype(node, fixed: torch.dtype | None) -> torch.dtype | None:
-    """The dtype an fx cast method casts to (`fixed` for long/int), None for a move (to a device, or another
-    tensor's device: `x.to(ids.device)`), float32 where not read."""
+def _fx_dtype(node, fixed: torch.dtype | None) -> tuple[torch.dtype | None, bool]:
+    """The dtype an fx cast method casts to (`fixed` for long, bool...), None for a move (to a device, or another
+    tensor's device: `x.to(ids.device)`), float32 where not read; and whether it was read."""
     if fixed is not None:
-        return fixed
+        return fixed, True
     given = [a for a in (*node.args[1:], *node.kwargs.values()) if isinstance(a, torch.dtype)]
     others = [
         a
@@ -1075,5 +1216,5 @@ def _fx_dtype(node, fixed: torch.dtype | None) -> torch.dtype | None:
         if isinstance(a, torch.fx.Node) and not (a.target is getattr and a.args[1:] == ("device",))
     ]
     if others:
-        return torch.float32  # another tensor's dtype, or one computed
-    return given[0] if given else None
+        return torch.float32, False  # another tensor's dtype, or one computed
+    return (given[0] if given else None), True

@@ -396,10 +396,18 @@ class RemainderFilledInPlace(NarrowRemainder):
         return self.a(ids) + self.b(y)
 
 
+class RemainderWrittenByOut(NarrowRemainder):
+    def forward(self, ids):
+        y = ids % 200
+        torch.add(y, 150, out=y)
+        return self.a(ids) + self.b(y)
+
+
 def test_a_remainder_changed_in_place_keeps_no_id_within_its_divisor():
-    """Each was published a's bound of 100 (the exported view form too); ids from 50 on fail b."""
+    """Each was published a's bound of 100 (the exported view form too; the python and scripted forms of the
+    `out=` one); ids from 50 on fail b."""
     example = (torch.zeros(1, 3, dtype=torch.long),)
-    for cls in (RemainderChangedThroughAView, RemainderChangedInPart, RemainderFilledInPlace):
+    for cls in (RemainderChangedThroughAView, RemainderChangedInPart, RemainderFilledInPlace, RemainderWrittenByOut):
         module = cls().eval()
         with pytest.raises(IndexError, match="index out of range"):
             module(torch.full((1, 3), 60))
@@ -609,3 +617,197 @@ def test_a_comparison_written_into_a_tensor_given_is_no_mask():
     for kind, model in _forms(module, (torch.zeros(2, 3, dtype=torch.long),)).items():
         found = id_ranges(model, ["ids"], {"ids": torch.int64})
         assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
+
+
+class SubtractedInto(Unknown):
+    """`torch.sub(ids, 1, out=ids)`: the ids one less, id 0 past a's rows; the graphs read `ids` on as sent."""
+
+    def forward(self, ids):
+        torch.sub(ids, 1, out=ids)
+        return self.a(ids)
+
+
+class SubtractedIntoAView(Unknown):
+    def forward(self, ids):
+        flat = ids.view(-1)
+        torch.sub(flat, 1, out=flat)
+        return self.a(ids)
+
+
+class ListItemChanged(Unknown):
+    def forward(self, ids):
+        held: list[torch.Tensor] = [ids]
+        held[0].sub_(1)
+        return self.a(ids)
+
+
+class AppendedItemChanged(Unknown):
+    def forward(self, ids):
+        held: list[torch.Tensor] = []
+        held.append(ids)
+        held[0].sub_(1)
+        return self.a(ids)
+
+
+class MovedChanged(Unknown):
+    """`ids.cpu()` of ids on the CPU is the ids."""
+
+    def forward(self, ids):
+        ids.cpu().sub_(1)
+        return self.a(ids)
+
+
+class UnboundChanged(Unknown):
+    def forward(self, ids):
+        ids.unbind(0)[0].sub_(1)
+        return self.a(ids)
+
+
+def test_ids_written_by_out_or_changed_through_an_item_or_a_move_are_not_checked():
+    """Each was published bound 100, or checked in [0, 100) per request, where id 0 fails: `out=` was not taken for
+    an in-place change (python, scripted; exported into a view), nor a change of a list's item (scripted), of
+    `ids.cpu()` (python, scripted) or of an unbind's row (rows in all three)."""
+    example = (torch.zeros(1, 3, dtype=torch.long),)
+    classes = (SubtractedInto, SubtractedIntoAView, ListItemChanged, AppendedItemChanged, MovedChanged, UnboundChanged)
+    for cls in classes:
+        module = cls().eval()
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.zeros(1, 3, dtype=torch.long))
+        assert module(torch.full((1, 3), 100)).shape == (1, 3, 4)  # past the rows once refused
+        for kind, model in _forms(module, example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows, found.least) == ({}, {}, {}), (cls.__name__, kind)
+    for kind, model in _forms(SubtractedInto(), example).items():
+        if kind != "exported":  # whose lookup reads the op's result: "through aten::sub"
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            op = "sub" if kind == "python" else "aten::sub"
+            assert (
+                found.said()
+                == f"input 'ids' not checked: {op} with out= changes its ids in place, which wok does not follow"
+            )
+
+
+class ChangedCopies(Unknown):
+    """In-place changes of new tensors made of the ids (a product, a cast to float): the ids stay as sent."""
+
+    def forward(self, ids):
+        shifted = ids * 1
+        shifted.sub_(1)
+        scaled = ids.float()
+        scaled.mul_(2)
+        return self.a(ids) + shifted.sum() + scaled.sum()
+
+
+def test_an_in_place_change_of_a_copy_of_the_ids_keeps_the_bound():
+    """The scripted and exported forms read `ids.float()` as sharing the ids' memory: no bound, not checked."""
+    module = ChangedCopies().eval()
+    module(torch.full((1, 3), 99))
+    with pytest.raises(IndexError):
+        module(torch.full((1, 3), 100))
+    for kind, model in _forms(module, (torch.zeros(1, 3, dtype=torch.long),)).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({"ids": 100}, {"ids": 100}), kind
+
+
+class MaskCastToBool(MaskReshaped):
+    def forward(self, ids):
+        back = (ids != 0).long().to(torch.bool)
+        return (
+            self.a(ids).sum() + self.small[(ids != 0).to(torch.bool).flatten()].sum() + self.small[back.view(-1)].sum()
+        )
+
+
+class MaskMethodBool(MaskReshaped):  # TorchScript has no Tensor.bool()
+    def forward(self, ids):
+        return self.a(ids).sum() + self.small[(ids != 0).bool().flatten()].sum() + self.small[ids.bool().view(-1)].sum()
+
+
+class MaskInverted(MaskReshaped):
+    def forward(self, ids):
+        return self.a(ids).sum() + self.small[~(ids != 0).flatten()].sum()
+
+
+class MasksCombined(MaskReshaped):
+    def forward(self, ids):
+        both = (ids != 0) & (ids < 5)
+        either = (ids != 0) | ~(ids < 5)
+        return self.a(ids).sum() + self.small[both.flatten()].sum() + self.small[(either ^ both).flatten()].sum()
+
+
+class MaskAndIds(MaskCast):
+    """`mask & ids` is integers (0 or the id), which `one[...]` takes as rows (`one` has one)."""
+
+    def forward(self, ids):
+        return self.a(ids).sum() + self.one[((ids != 0) & ids).flatten()].sum()
+
+
+class MaskOrOne(MaskCast):
+    """`mask | 1`: a python int makes it int64, 1s, past `one`'s one row."""
+
+    def forward(self, ids):
+        return self.a(ids).sum() + self.one[((ids != 0) | 1).flatten()].sum()
+
+
+def test_a_mask_cast_to_bool_inverted_or_combined_with_masks_stays_a_mask():
+    """Each was taken for ids reaching `table[...]` through the cast, `~` or `&` (python and scripted forms): no bound
+    published though no id is read as a row. Combined with integers, they are rows: still no bound."""
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    cases = {cls: _forms(cls(), example) for cls in (MaskCastToBool, MaskInverted, MasksCombined)}
+    cases[MaskMethodBool] = {"python": MaskMethodBool().eval()}
+    for cls, forms in cases.items():
+        module = cls().eval()
+        module(torch.tensor([[0, 99, 5], [99, 0, 1]]))
+        with pytest.raises(IndexError):
+            module(torch.tensor([[0, 100, 5], [99, 0, 1]]))
+        for kind, model in forms.items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows, found.said()) == (
+                {"ids": 100},
+                {"ids": 100},
+                "input 'ids' in [0, 100)",
+            ), (
+                cls.__name__,
+                kind,
+            )
+    for cls in (MaskAndIds, MaskOrOne):
+        with pytest.raises(IndexError):
+            cls().eval()(torch.ones(2, 3, dtype=torch.long))  # below a's 100 rows
+        for kind, model in _forms(cls(), example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows) == ({}, {"ids": 100}), (cls.__name__, kind)
+
+
+class RemainderEitherWay(nn.Module):
+    """`% 50` or `% 30` under a branch on the batch: within b's 50 rows either way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 2)
+        self.b = nn.Embedding(50, 2)
+
+    def forward(self, ids):
+        hashed = ids % 50 if ids.size(0) > 1 else ids % 30
+        return self.a(ids) + self.b(hashed)
+
+
+class RemainderPastOneWay(RemainderEitherWay):
+    def forward(self, ids):
+        hashed = ids % 50 if ids.size(0) > 1 else ids % 80
+        return self.a(ids) + self.b(hashed)
+
+
+def test_a_remainder_under_a_torchscript_branch_is_within_its_largest_divisor():
+    """The branch's result was not followed ("through prim::If"): no bound. Past the rows one way, it stays none."""
+    within = torch.jit.script(RemainderEitherWay().eval())
+    within(torch.full((1, 3), 99))
+    with pytest.raises(RuntimeError, match="index out of range"):
+        within(torch.full((1, 3), 100))
+    found = id_ranges(within, ["ids"], {"ids": torch.int64})
+    assert (found.bounds, found.rows, found.said()) == ({"ids": 100}, {"ids": 100}, "input 'ids' in [0, 100)")
+    past = torch.jit.script(RemainderPastOneWay().eval())
+    with pytest.raises(RuntimeError, match="index out of range"):
+        past(torch.full((1, 3), 60))  # below a's 100 rows: 60 % 80 is past b's 50
+    found = id_ranges(past, ["ids"], {"ids": torch.int64})
+    assert (found.bounds, found.rows) == ({}, {"ids": 100})
+    how = "aten::remainder by 80, whose results from 50 to 79 are past its 50 rows"
+    assert found.unpublished == {"ids": f"it reaches aten::embedding through {how}"}
