@@ -502,7 +502,7 @@ def judge(
         # Over the limit, the server parses only the model's name, version and id (codec._head_of) and refuses the
         # request by them, for its model or for its size, whether or not the rest would parse.
         head = None if small else _head_of(payload)
-        if head is None:
+        if head is None or type(head) is str:  # a str: why the server did not read it (refused for its size)
             return None if code == "INVALID_ARGUMENT" else ("unparseable bytes", f"{code} for bytes that do not parse")
         wrong = wrong_name(head, servables)
         if wrong is None and code not in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"):  # its size refused

@@ -25,7 +25,9 @@ interleaved and timed as `size_check`'s.
 INT64 request of about 60 MiB over a limit L of 16 MiB (gRPC's receive limit, 4·L + 1 MiB, lets it through to
 wok's refusal): the server's deserializer and decode_request's refusal together, the request parsed whole and then
 refused (as until 2026-12-06) against only its model_name, model_version and id parsed (since), interleaved as
-above, each figure one refusal's wall time."""
+above, each figure one refusal's wall time; and its `worst_cases`, requests over the limit whose head the walk does
+not read (`WORST_CASES`: more than 1,024 top-level fields, a tag cut short after the tensor), parsed whole (before
+codec.UnreadOversized) against refused unread (since), the same way."""
 
 from __future__ import annotations
 
@@ -263,50 +265,90 @@ OVERSIZED_VALUES = 7_800_000
 OVERSIZED_LIMIT = 16 << 20  # the --max-request-bytes it is refused under
 
 
-def _oversized(reps: int) -> dict:
-    """Refusing a typed request over the limit: parsed whole (until 2026-12-06) against its head alone (`_head_of`)."""
+def _typed_oversized() -> bytes:
     import numpy as np
+
+    from wok import codec
+
+    req = codec.pb.ModelInferRequest(model_name="mlp", id="big")
+    values = np.arange(1 << 49, (1 << 49) + OVERSIZED_VALUES, dtype=np.int64)
+    req.inputs.add(name="INPUT0", datatype="INT64", shape=[1, OVERSIZED_VALUES]).contents.int64_contents.extend(values)
+    return req.SerializeToString()
+
+
+def _entry(key: bytes) -> bytes:
+    """A `parameters` map entry (field 4) of `key` and no value, as a top-level field."""
+    return b"\x22" + bytes([len(key) + 2, 0x0A, len(key)]) + key
+
+
+# The requests over the limit whose head the walk does not read (`oversized`'s `worst_cases`), each built from the
+# typed request: 1,025 parameters before its tensor (1,028 top-level fields), the same bytes in empty parameters
+# (2-byte fields: the most fields a message of its size holds, each a map entry protobuf parses), and a tag cut
+# short after its tensor (protobuf parses the tensor before it meets it).
+WORST_CASES = {
+    "many_fields": lambda typed: b"".join(_entry(b"p%04d" % i) for i in range(1025)) + typed,
+    "tiny_fields": lambda typed: b"\x0a\x03mlp" + b"\x22\x00" * ((len(typed) - 5) // 2),
+    "cut_short": lambda typed: typed + b"\x80",
+}
+
+
+def _oversized(reps: int) -> dict:
+    """Refusing a typed request over the limit: parsed whole (until 2026-12-06) against its head alone (`_head_of`);
+    and the WORST_CASES, whose head the walk does not read: parsed whole (before UnreadOversized: the walk, then
+    protobuf's parse) against refused unread (since)."""
+    from google.protobuf.message import DecodeError
 
     from wok import codec
     from wok.errors import InvalidInput
     from wok.models import build_demo
 
     servable = build_demo("mlp")
-    req = codec.pb.ModelInferRequest(model_name="mlp", id="big")
-    values = np.arange(1 << 49, (1 << 49) + OVERSIZED_VALUES, dtype=np.int64)
-    req.inputs.add(name="INPUT0", datatype="INT64", shape=[1, OVERSIZED_VALUES]).contents.int64_contents.extend(values)
-    data = req.SerializeToString()
-    del req, values
-    size = len(data)
+    typed = _typed_oversized()
 
-    def whole(data: bytes):
-        # parse_infer_request's way until 2026-12-06: the whole message parsed, then wrapped.
-        return codec.OversizedRequest(codec._parse_large(data), size, OVERSIZED_LIMIT)
+    def alternated(data: bytes, whole: Callable) -> dict[str, list[float]]:
+        def head(data: bytes):
+            return codec.parse_infer_request(data, OVERSIZED_LIMIT)
 
-    def head(data: bytes):
-        return codec.parse_infer_request(data, OVERSIZED_LIMIT)
+        def refuse(parse) -> float:
+            began = time.perf_counter()
+            try:
+                codec.decode_request(parse(data), servable, in_steps=True)
+            except (InvalidInput, DecodeError):  # a DecodeError: refused as a message that does not parse (Unparsed)
+                return time.perf_counter() - began
+            raise AssertionError("the oversized request was not refused")
 
-    ways = {"parse_whole": whole, "head_only": head}
+        return _alternated({"parse_whole": whole, "head_only": head}, reps, refuse)
 
-    def refuse(parse) -> float:
-        began = time.perf_counter()
-        try:
-            codec.decode_request(parse(data), servable, in_steps=True)
-        except InvalidInput:
-            return time.perf_counter() - began
-        raise AssertionError("the oversized request was not refused")
+    def figures(times: dict[str, list[float]]) -> dict:
+        return {
+            "median_us": {name: 1e6 * statistics.median(v) for name, v in times.items()},
+            "us_range": {name: [1e6 * min(v), 1e6 * max(v)] for name, v in times.items()},
+            "median_ratio_head_over_whole": statistics.median(
+                b / a for a, b in zip(times["parse_whole"], times["head_only"])
+            ),
+        }
 
-    times = _alternated(ways, reps, refuse)
-    return {
-        "bytes": size,
-        "values": OVERSIZED_VALUES,
-        "max_request_bytes": OVERSIZED_LIMIT,
-        "median_us": {name: 1e6 * statistics.median(v) for name, v in times.items()},
-        "us_range": {name: [1e6 * min(v), 1e6 * max(v)] for name, v in times.items()},
-        "median_ratio_head_over_whole": statistics.median(
-            b / a for a, b in zip(times["parse_whole"], times["head_only"])
-        ),
-    }
+    size = len(typed)
+    # parse_infer_request's way until 2026-12-06: the whole message parsed, then wrapped.
+    part = {"bytes": size, "values": OVERSIZED_VALUES, "max_request_bytes": OVERSIZED_LIMIT}
+    part |= figures(
+        alternated(typed, lambda data: codec.OversizedRequest(codec._parse_large(data), size, OVERSIZED_LIMIT))
+    )
+    worst = []
+    for name, build in WORST_CASES.items():
+        data = build(typed)
+
+        def whole(data: bytes):
+            # Its way before UnreadOversized: the head's walk, given up, then the parse of the whole (its walk again).
+            codec._top_fields(data)
+            return codec.OversizedRequest(codec._parse_large(data), len(data), OVERSIZED_LIMIT)
+
+        walk = codec._top_fields(data)
+        assert type(walk) is str, f"{name}: the walk read its fields"
+        worst.append({"case": name, "bytes": len(data), "unread": walk} | figures(alternated(data, whole)))
+        del data
+    part["worst_cases"] = worst
+    return part
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -390,6 +432,12 @@ def main(argv=None) -> int:
         f"whole {m['parse_whole']:,.1f} µs, its head only {m['head_only']:,.1f} µs "
         f"(median ratio {oversized['median_ratio_head_over_whole']:.3g})"
     )
+    for w in oversized["worst_cases"]:
+        m = w["median_us"]
+        print(
+            f"  {w['case']} ({w['bytes']:,} bytes, {w['unread']}): parsed whole {m['parse_whole']:,.1f} µs, refused "
+            f"unread {m['head_only']:,.1f} µs (median ratio {w['median_ratio_head_over_whole']:.3g})"
+        )
     return finish_json(report, args.json, "large_decode: ")
 
 

@@ -26,6 +26,7 @@ from .codec import (
     IDS_BOUND_PREFIX,
     MAX_MESSAGE_KEY,
     MAX_REQUEST_KEY,
+    UnreadOversized,
     decode_request,
     encode_response,
     finish_decoding,
@@ -296,6 +297,8 @@ def tolerant_parser(request_cls, method: str, max_request_bytes: int | None = No
         def parse_infer(data: bytes):
             try:
                 return parse_infer_request(data, max_request_bytes)
+            except UnreadOversized as exc:  # refused for its size, in those words: its model was not read
+                return Unparsed(exc.error)
             except DecodeError as exc:
                 return unparsed(data, exc)
 

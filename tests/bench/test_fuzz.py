@@ -176,7 +176,10 @@ def _one_row(t):
 def test_bytes_that_do_not_parse_must_get_invalid_argument():
     assert _judge(b"\xff\xff\xff", "INVALID_ARGUMENT", "message is not a valid ...") is None
     assert _judge(b"\xff\xff\xff", "NOT_FOUND", "x")[0] == "unparseable bytes"
-    # Over the limit too, where not even the model's name, version and id parse (the server parses it whole then).
+    # Over the limit too, where not even the model's name, version and id are read (the server refuses it for its
+    # size, naming no model: codec.UnreadOversized).
+    unread = "request is 3 bytes, over the limit of 1 bytes (the server's --max-request-bytes); its model was not read"
+    assert _judge(b"\xff\xff\xff", "INVALID_ARGUMENT", unread, max_request_bytes=1) is None
     assert _judge(b"\xff\xff\xff", "NOT_FOUND", "x", max_request_bytes=1)[0] == "unparseable bytes"
     assert _judge(b"\x0a\x01\xff" * 2, "NOT_FOUND", "x", max_request_bytes=1)[0] == "unparseable bytes"
 

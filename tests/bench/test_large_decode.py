@@ -65,3 +65,21 @@ def test_codec_before_refuses_a_missing_file_and_a_name_given_twice(tmp_path, ca
         large_decode.main(["--codec-before", f"old={file}", "--codec-before", f"old={file}"])
     assert info.value.code == 2
     assert "--codec-before: expected each NAME once; got old more than once" in capsys.readouterr().err
+
+
+def test_oversized_times_each_worst_case_refused_unread_against_parsed_whole(monkeypatch):
+    # Small: 300,000 values (~2.4 MB) over a limit of 1 MiB, one rep.
+    monkeypatch.setattr(large_decode, "OVERSIZED_VALUES", 300_000)
+    monkeypatch.setattr(large_decode, "OVERSIZED_LIMIT", 1 << 20)
+    part = large_decode._oversized(1)
+    assert part["values"] == 300_000 and part["max_request_bytes"] == 1 << 20 and part["bytes"] > 2_400_000
+    assert [w["case"] for w in part["worst_cases"]] == list(large_decode.WORST_CASES)
+    unread = {w["case"]: w["unread"] for w in part["worst_cases"]}
+    assert unread["many_fields"] == unread["tiny_fields"] == "more than 1024 top-level fields"
+    assert unread["cut_short"].startswith(f"its top-level field at byte {part['bytes']} is not read")
+    for figures in [part, *part["worst_cases"]]:
+        assert set(figures["median_us"]) == set(figures["us_range"]) == {"parse_whole", "head_only"}
+        for way, (low, high) in figures["us_range"].items():
+            assert 0 < low <= figures["median_us"][way] <= high
+        assert figures["median_ratio_head_over_whole"] > 0
+    assert all(w["bytes"] > 1 << 20 for w in part["worst_cases"])

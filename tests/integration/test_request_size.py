@@ -5,9 +5,13 @@ out."""
 
 from __future__ import annotations
 
+import asyncio
+import urllib.request
+
 import grpc
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
@@ -146,3 +150,91 @@ async def test_a_request_is_held_to_the_limit_by_the_bytes_received_on_modelinfe
         assert answers[0].infer_response.model_name == "double"
     assert answers[1].error_message == ""
     np.testing.assert_array_equal(decode_response(answers[1].infer_response)["Y"], X * 2)
+
+
+def tensors_broken() -> bytes:
+    """Over the limit, its model, version and id read, an input message after them that does not parse."""
+    return request().SerializeToString() + _field(5, b"\xff" * LIMIT)
+
+
+def many_fields() -> bytes:
+    """Over the limit in 1,025 top-level fields (parameters after the request's own), one more than the walk reads:
+    protobuf's parse of the whole would read the model, as it does at any size."""
+    req = request()
+    # Each of a repeated field's items (a map's entries too) is a top-level field of its own.
+    own = sum(len(v) if f.is_repeated else 1 for f, v in req.ListFields())
+    return req.SerializeToString() + b"".join(_field(4, _field(1, b"k%04d" % i)) for i in range(1025 - own))
+
+
+def cut_short() -> bytes:
+    """Over the limit, its last field (the id again) cut a byte short."""
+    return request().SerializeToString() + _field(3, b"x" * LIMIT)[:-1]
+
+
+def _rejected(body: str) -> dict[str, float]:
+    """wok_rejected_requests_total{reason="invalid"} by model, the models counting none left out."""
+    return {
+        s.labels["model"]: s.value
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+        if s.name == "wok_rejected_requests_total" and s.labels["reason"] == "invalid" and s.value
+    }
+
+
+UNREAD = (
+    "request is {size} bytes, over the limit of 1024 bytes (the server's --max-request-bytes); its model was not read: "
+)
+
+
+@pytest.mark.parametrize(
+    ("payload", "counted", "details"),
+    [
+        # The refusal reads no more than the model's name and version and the id: whether the rest would parse is
+        # not known, and the request is the model's, refused for its size.
+        pytest.param(tensors_broken, "double", None, id="tensors_broken"),
+        # Its model not read (protobuf's parse of the whole, ~120 ms of the event loop at 60 MiB, would read it):
+        # bytes read as no request, refused for their size under no model.
+        pytest.param(many_fields, "", UNREAD + "more than 1024 top-level fields", id="many_fields"),
+        pytest.param(
+            cut_short,
+            "",
+            UNREAD + "its top-level field at byte {at} is not read (a group, a bad tag or "
+            "varint, or a field past the end)",
+            id="cut_short",
+        ),
+    ],
+)
+async def test_a_request_over_the_limit_is_counted_under_the_model_it_was_read_for_or_none(
+    serve, tmp_path, payload, counted, details
+):
+    data = payload()
+    assert len(data) > LIMIT
+    async with serve(repository=repository(tmp_path), max_request_bytes=LIMIT) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            infer = ch.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=None,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            call = ch.stream_stream(
+                "/inference.GRPCInferenceService/ModelStreamInfer",
+                request_serializer=None,
+                response_deserializer=pb.ModelStreamInferResponse.FromString,
+            )()
+            await call.write(data)
+            answer = await call.read()
+            await call.done_writing()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await infer(data)
+            url = f"http://127.0.0.1:{server.http.port}/metrics"
+            body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+    if details is None:
+        expected = refusal(len(data))
+        assert answer.infer_response.id == "r1" and answer.infer_response.model_name == "double"
+    else:
+        expected = details.format(size=len(data), at=len(request().SerializeToString()))
+        assert answer.infer_response.id == "" and answer.infer_response.model_name == ""
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == expected
+    assert answer.error_message == expected
+    assert _rejected(body) == {counted: 2}  # the unary call's and the stream's

@@ -3,6 +3,7 @@ tensors are views of them, and it decodes, is sized and is refused as the messag
 
 from __future__ import annotations
 
+import copy
 import tracemalloc
 
 import numpy as np
@@ -10,7 +11,16 @@ import pytest
 from google.protobuf.message import DecodeError
 from torch import nn
 
-from wok.codec import LARGE_REQUEST, OversizedRequest, ReceivedRequest, decode_request, encode_request
+from wok.codec import (
+    _MAX_WALKED_FIELDS,
+    LARGE_REQUEST,
+    OversizedRequest,
+    ReceivedRequest,
+    _top_fields,
+    decode_request,
+    encode_request,
+    parse_infer_request,
+)
 from wok.config import model_config_from_dict
 from wok.errors import InvalidInput
 from wok.servable import Servable
@@ -190,6 +200,8 @@ def test_a_large_request_is_refused_as_protobufs_message_is(fault, max_bytes):
         pytest.param(lambda d: d + b"\x02\x00", id="field_0"),
         pytest.param(lambda d: d + b"\x0f", id="wire_type_7"),
         pytest.param(lambda d: d + b"\x3a" + b"\xff" * 11, id="length_of_11_bytes"),
+        pytest.param(lambda d: d + b"\x3a", id="no_length"),
+        pytest.param(lambda d: d + b"\xba", id="tag_cut_short"),
         # raw_input_contents' tag (58) in 6 bytes: protobuf reads a tag as a varint of at most 5
         pytest.param(lambda d: d + b"\xba" + b"\x80" * 4 + b"\x00" + b"\x01x", id="raw_tag_of_6_bytes"),
         pytest.param(lambda d: d + _field(5, b"\xff"), id="bad_input_message"),
@@ -272,23 +284,93 @@ def test_the_fields_a_refusal_reads_are_protobufs(head):
     assert (over.model_name, over.model_version, over.id) == (whole.model_name, whole.model_version, whole.id)
 
 
+def unread(data: bytes, why: str) -> str:
+    return (
+        f"request is {len(data)} bytes, over the limit of 1024 bytes (the server's --max-request-bytes); its model was "
+        f"not read: {why}"
+    )
+
+
+NOT_WALKED = "its top-level field at byte {} is not read (a group, a bad tag or varint, or a field past the end)"
+
+
 @pytest.mark.parametrize(
-    "cut",
+    ("cut", "why"),
     [
-        pytest.param(lambda d: _field(1, b"\xff") + d, id="model_name_not_utf8"),
-        pytest.param(lambda d: d + b"\x0b", id="group"),
-        pytest.param(lambda d: d[:-1], id="truncated"),
+        pytest.param(
+            lambda d: _field(1, b"\xff") + d,
+            lambda d: "its model_name, model_version or id does not parse",
+            id="model_name_not_utf8",
+        ),
+        pytest.param(lambda d: d + b"\x0b", lambda d: NOT_WALKED.format(len(d)), id="group"),
+        # Its last field, the outputs' (5 bytes: tag, length, and the output's name), cut a byte short.
+        pytest.param(lambda d: d[:-1], lambda d: NOT_WALKED.format(len(d) - 5), id="truncated"),
     ],
 )
-def test_a_request_over_the_limit_whose_head_does_not_parse_is_refused_in_protobufs_words(cut):
-    # What the walk leaves to protobuf, or a field the refusal reads that does not parse: the whole message is
-    # parsed, as one under the limit is, and its error said.
-    data = cut(typed_request(LARGE_REQUEST).SerializeToString())
-    with pytest.raises(DecodeError) as info:
+def test_a_request_over_the_limit_whose_head_is_not_read_is_refused_for_its_size_unparsed(cut, why):
+    # The walk stops, or a field the refusal reads does not parse: the parse of the whole, which protobuf's words
+    # need, cost as much as the tensors before the break (~120 ms for 60 MiB of INT64) to refuse it all the same.
+    whole = typed_request(LARGE_REQUEST)
+    assert len(_field(6, whole.outputs[0].SerializeToString())) == 5
+    whole = whole.SerializeToString()
+    data = cut(whole)
+    with pytest.raises(DecodeError):
         pb.ModelInferRequest.FromString(data)
     got = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(data)
     assert isinstance(got, Unparsed)
-    assert str(got.error) == (
-        f"message is not a valid inference.ModelInferRequest ({len(data)} bytes): {info.value} "
-        "(sent to /inference.GRPCInferenceService/ModelInfer)"
-    )
+    assert str(got.error) == unread(data, why(whole))
+
+
+def fields_request(fields: int) -> bytes:
+    """A large request of raw tensors in `fields` top-level fields, parameters after its own."""
+    req = request()
+    # Each of a repeated field's items (a map's entries too) is a top-level field of its own.
+    own = sum(len(v) if f.is_repeated else 1 for f, v in req.ListFields())
+    return req.SerializeToString() + b"".join(_field(4, _field(1, b"k%04d" % i)) for i in range(fields - own))
+
+
+def test_the_walk_reads_1024_top_level_fields_and_no_more():
+    at_most = fields_request(_MAX_WALKED_FIELDS)
+    assert len(_top_fields(at_most)) == _MAX_WALKED_FIELDS == 1024
+    assert type(parse(at_most)) is ReceivedRequest
+    assert_decoded_alike(at_most)
+    over = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(at_most)
+    assert type(over) is OversizedRequest and (over.model_name, over.id) == ("wide", "r1")
+
+    more = fields_request(_MAX_WALKED_FIELDS + 1)
+    assert _top_fields(more) == "more than 1024 top-level fields"
+    assert type(parse(more)) is pb.ModelInferRequest  # left to protobuf, within the limit
+    assert_decoded_alike(more)
+    got = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(more)
+    assert isinstance(got, Unparsed)
+    assert str(got.error) == unread(more, "more than 1024 top-level fields")
+
+
+@pytest.mark.parametrize("kind", ["received", "oversized"])
+def test_a_received_request_copies_and_deep_copies(kind):
+    data = request().SerializeToString()
+    max_bytes = 1024 if kind == "oversized" else None
+    got = parse_infer_request(data, max_bytes)
+    assert type(got) is (OversizedRequest if kind == "oversized" else ReceivedRequest)
+    for copied in (copy.copy(got), copy.deepcopy(got)):
+        assert type(copied) is type(got)
+        assert (copied.model_name, copied.id) == ("wide", "r1")
+        if kind == "oversized":
+            assert (copied.size, copied.max_bytes) == (len(data), 1024)
+        else:
+            assert [bytes(r) for r in copied.raw_input_contents] == [bytes(r) for r in got.raw_input_contents]
+            assert all(r.readonly for r in copied.raw_input_contents)
+            assert_decoded_alike_from(copied, data)
+    shallow, deep = copy.copy(got), copy.deepcopy(got)
+    assert shallow.message is got.message and deep.message is not got.message
+    if kind == "received":
+        assert shallow.raw_input_contents is got.raw_input_contents
+        assert all(r.obj is not data for r in deep.raw_input_contents)  # not views of the received bytes
+
+
+def assert_decoded_alike_from(req: ReceivedRequest, data: bytes) -> None:
+    s = servable()
+    got, expected = decode_request(req, s), decode_request(pb.ModelInferRequest.FromString(data), s)
+    assert got.inputs.keys() == expected.inputs.keys()
+    for name in expected.inputs:
+        np.testing.assert_array_equal(got.inputs[name], expected.inputs[name])
