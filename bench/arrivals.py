@@ -442,7 +442,7 @@ class Burst:
             object.__setattr__(self, "duration_s", _check_duration(self.duration_s))
         elif self.t0_s <= 0:
             raise ValueError(
-                "Burst duration_s: expected a duration when t0_s <= 0 (mean_rate averages over the step), "
+                "Burst duration_s: expected a duration when t0_s <= 0 (mean_rate averages over the step); "
                 f"got None with t0_s {self.t0_s:g}"
             )
 

@@ -71,6 +71,8 @@ from wok.bench.scrape import parse_exposition, whole
 from wok.numerals import ascii_digits
 
 SCHEMA = "wok.chaos/1"
+# How it is run: its usage, its refusals and its own lines all begin with it.
+PROG = "python -m wok.bench.chaos"
 MODEL = "chaos"
 TABLE = 100  # the embedding's rows: an id at or past it makes the model raise
 ALONE = "(on this request alone)"
@@ -716,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
-    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="how long the load runs (default 30)")
     ap.add_argument("--rate", type=float, default=150.0, help="unary requests a second (default 150)")
     ap.add_argument("--streams", type=int, default=2, help="streams open at once (default 2)")
@@ -736,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     refuse_unwritable(ap, args, "--json")
     if args.write_repository:
         write_repository(Path(args.write_repository))
-        print(f"wok chaos: the chaos model laid out in {args.write_repository}")
+        print(f"{PROG}: the chaos model laid out in {args.write_repository}")
         return 0
     try:
         plan = Plan(args.seconds, args.rate, args.streams, seed=args.seed)
@@ -757,10 +759,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(done: float, total: float) -> None:
         if tty:
-            print(f"\rwok chaos: {done:5.1f} / {total:g} s", end="", file=sys.stderr, flush=True)
+            print(f"\r{PROG}: {done:5.1f} / {total:g} s", end="", file=sys.stderr, flush=True)
         elif done - shown[0] >= 10 or (done >= total > shown[0]):  # a line every 10 s into a log
             shown[0] = done
-            print(f"wok chaos: {done:.0f} / {total:g} s", file=sys.stderr, flush=True)
+            print(f"{PROG}: {done:.0f} / {total:g} s", file=sys.stderr, flush=True)
 
     from wok.bench.faults import ReplicaSet
 
@@ -776,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 before = _scrape(metrics_url)
             except (OSError, ValueError) as exc:  # URLError, a URL urllib cannot take: the audit needs them
-                print(f"wok chaos: cannot read the server's metrics at {metrics_url}: {exc}", file=sys.stderr)
+                print(f"{PROG}: cannot read the server's metrics at {metrics_url}: {exc}", file=sys.stderr)
                 return 1
             import grpc
 
@@ -786,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, grpc.RpcError) as exc:  # the server went away during the load
                 why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else exc
                 end = "\n" if tty else ""  # after the progress line
-                print(f"{end}wok chaos: cannot read the server's counts after the load: {why}", file=sys.stderr)
+                print(f"{end}{PROG}: cannot read the server's counts after the load: {why}", file=sys.stderr)
                 return 1
             if tty:
                 print(file=sys.stderr)
@@ -798,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = write_final(doc, [("--json", args.json, write_json)]) if args.json else None
     print(table(doc))
     if failed:
-        print(f"wok chaos: {failed}", file=sys.stderr)
+        print(f"{PROG}: {failed}", file=sys.stderr)
         return 1
     return 1 if doc["problems"] else 0
 

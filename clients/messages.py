@@ -133,7 +133,7 @@ def output_names(outputs: Any, where: str = "outputs") -> Any:
     string's are its letters ("unknown output 'O'" for "OUTPUT0")."""
     if isinstance(outputs, (str, bytes)):
         shown = shown_value(outputs)
-        raise TypeError(f"{where}: expected a list of output names, got the string {shown}; pass [{shown}]")
+        raise TypeError(f"{where}: expected a list of output names; got the string {shown}; pass [{shown}]")
     return outputs
 
 

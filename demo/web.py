@@ -397,7 +397,7 @@ class DemoWeb:
             raise Refused(*refused)
         fields = [header_field(number, line) for number, line in enumerate(lines, 1)]
         headers = dict(fields)
-        # The refusals below that the metrics port also makes are in its words (server/http.py's, ", got" there),
+        # The refusals below that the metrics port also makes are in its words (server/http.py's),
         # word for word, so that a client meets one text for one fault on either port.
         # Two lengths frame the body two ways (the last was read here); two Hosts may be read
         # apart likewise (RFC 9112 6.3, 3.2).
@@ -405,7 +405,7 @@ class DemoWeb:
             values = [v for k, v in fields if k == name]
             if len(values) > 1:
                 raise Refused(
-                    400, f"{name.title()}: expected one header, got {len(values)}: {', '.join(map(quoted, values))}"
+                    400, f"{name.title()}: expected one header; got {len(values)}: {', '.join(map(quoted, values))}"
                 )
         codings = [v for k, v in fields if k == "transfer-encoding"]
         if codings:
@@ -413,12 +413,12 @@ class DemoWeb:
         # RFC 9112 3.2 (MUSTs), before the cross-site check reads the Host: it took `127.0.0.1/x`,
         # `localhost?x` or `evil@127.0.0.1` for an address.
         if "host" not in headers and version != "HTTP/1.0":  # HTTP/1.0 predates Host: the cross-site check refuses it
-            raise Refused(400, "Host: expected one header, got none (RFC 9112 3.2)")
+            raise Refused(400, "Host: expected one header; got none (RFC 9112 3.2)")
         if "host" in headers and not valid_host(headers["host"]):
-            raise Refused(400, f"Host: expected {HOST_SHAPE}, got {quoted(headers['host'])}")
+            raise Refused(400, f"Host: expected {HOST_SHAPE}; got {quoted(headers['host'])}")
         length = headers.get("content-length", "0")
         if not re.fullmatch(r"[0-9]+", length):
-            raise Refused(400, f"Content-Length: expected a number of bytes, got {quoted(length)}")
+            raise Refused(400, f"Content-Length: expected a number of bytes; got {quoted(length)}")
         # As the metrics port: HTTP/1.0 has no Expect (its client waits for no 100); another
         # expectation than 100-continue, ignored, left its client waiting for it.
         expects = [v for k, v in fields if k == "expect"] if version != "HTTP/1.0" else []
@@ -463,9 +463,9 @@ class DemoWeb:
         try:
             body = json.loads(raw or b"null")
         except ValueError as exc:
-            raise Refused(400, f"body: expected JSON, got a parse error: {exc}") from None
+            raise Refused(400, f"body: expected JSON; got a parse error: {exc}") from None
         except RecursionError:
-            raise Refused(400, "body: expected JSON, got one nested too deeply") from None
+            raise Refused(400, "body: expected JSON; got one nested too deeply") from None
         return path, body, close
 
     async def _api(self, method: str, name: str, body) -> tuple[int, dict | bytes]:

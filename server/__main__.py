@@ -409,7 +409,7 @@ def _demo_options(items: list[str]) -> dict:
             expected = "a number" if kind is float else "an integer"
             raise ConfigError(
                 f"--demo-option {quoted_name(item)}: option {quoted_name(opt)} of demo model {quoted_name(model)}: "
-                f"expected {expected}, got {quoted_name(value)}{digits_note(value)}"
+                f"expected {expected}; got {quoted_name(value)}{digits_note(value)}"
             )
         out.setdefault(model, {})[opt] = parsed
     return out

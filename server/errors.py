@@ -265,7 +265,7 @@ def cut_message(message: str, size: int = MESSAGE_BYTES) -> str:
     start that takes at most `size` bytes with its length after it: 'yyy… (3,000,032 characters in all)'
     (CUT_NOTE), note included. `size` is at least NOTE_BYTES (ValueError)."""
     if size < NOTE_BYTES:
-        raise ValueError(f"size: expected at least {NOTE_BYTES} bytes, the longest note's, got {size}")
+        raise ValueError(f"size: expected at least {NOTE_BYTES} bytes, the longest note's; got {size}")
     start = message[:size]  # at least a byte a character: no more can fit
     if start.isascii() and start.isprintable() and '"' not in start and "\\" not in start:
         # A byte each: the usual case, no count.

@@ -553,7 +553,7 @@ class MetricsHTTPServer:
                 await self._respond(writer, 414, f"{exc}\n".encode(), TEXT, close=True, head=exc.method == "HEAD")
                 return
             except HeadTooLarge as exc:
-                error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
+                error = f"request head: expected at most {MAX_HEADER_BYTES} bytes; got more\n".encode()
                 await self._respond(writer, 431, error, TEXT, close=True, head=exc.method == "HEAD")
                 return
             except BadRequest as exc:
@@ -598,7 +598,7 @@ class MetricsHTTPServer:
                 # one, and the rest as a request of its own (RFC 9112 6.3). Even equal repeats are
                 # refused: no client sends them. Two Hosts may be read apart likewise (RFC 9112 3.2).
                 name, values = repeated[0]
-                error = f"{name.title()}: expected one header, got {len(values)}: {', '.join(map(quoted, values))}\n"
+                error = f"{name.title()}: expected one header; got {len(values)}: {', '.join(map(quoted, values))}\n"
                 await self._respond(writer, 400, error.encode(), TEXT, close=True, head=head)
                 return
             if "transfer-encoding" in fields:
@@ -610,20 +610,20 @@ class MetricsHTTPServer:
             if "host" not in headers and not old:
                 # RFC 9112 3.2 (a MUST): HTTP/1.0 predates Host; an HTTP/1.1 client always sends it,
                 # and the admin paths' cross-site check reads it.
-                error = b"Host: expected one header, got none (RFC 9112 3.2)\n"
+                error = b"Host: expected one header; got none (RFC 9112 3.2)\n"
                 await self._respond(writer, 400, error, TEXT, close=True, head=head)
                 return
             if "host" in headers and not valid_host(headers["host"]):
                 # RFC 9112 3.2 (a MUST). Served, `Host: a b` or `Host: x/y` reached the admin
                 # paths' cross-site check, and a proxy in front may read another name from it.
-                error = f"Host: expected {HOST_SHAPE}, got {quoted(headers['host'])}\n"
+                error = f"Host: expected {HOST_SHAPE}; got {quoted(headers['host'])}\n"
                 await self._respond(writer, 400, error.encode(), TEXT, close=True, head=head)
                 return
             length = headers.get("content-length")
             if length is not None and not re.fullmatch(r"[0-9]+", length):
                 # Not a number of bytes ("-1", "2, 2", "0x2", none at all): where the body ends is
                 # unknown, and a proxy in front may have framed it otherwise (RFC 9112 6.3).
-                error = f"Content-Length: expected a number of bytes, got {quoted(length)}\n"
+                error = f"Content-Length: expected a number of bytes; got {quoted(length)}\n"
                 await self._respond(writer, 400, error.encode(), TEXT, close=True, head=head)
                 return
             if old:
@@ -679,7 +679,7 @@ class MetricsHTTPServer:
             # Whatever the method: a 405 would say that the resource exists (RFC 9110 15.5.6).
             await self._respond(writer, 404, self._not_found(path).encode(), TEXT, close=close, head=head)
         elif method not in ("GET", "HEAD"):
-            error = f"{path} takes GET or HEAD, got {quoted(method)}\n".encode()
+            error = f"{quoted(path)}: expected GET or HEAD; got {quoted(method)}\n".encode()
             await self._respond(writer, 405, error, TEXT, close=close, allow="GET, HEAD")
         elif path == "/metrics" and not self.metrics:
             await self._respond(writer, 404, METRICS_OFF, TEXT, close=close, head=head)
@@ -700,7 +700,7 @@ class MetricsHTTPServer:
         head = method == "HEAD"
         if path == "/events":
             if method != "GET":  # a HEAD would open a stream with no body to carry it
-                error = f"/events takes GET, got {quoted(method)}\n".encode()
+                error = f"'/events': expected GET; got {quoted(method)}\n".encode()
                 await self._respond(writer, 405, error, TEXT, close=True, head=head, allow="GET")
                 return False
             if self._stopping:
@@ -720,7 +720,7 @@ class MetricsHTTPServer:
             await self._json(writer, 200, get(), close, head=head)
             return not close
         if method != "POST":
-            error = {"error": f"{path} takes GET, HEAD or POST, got {quoted(method)}"}
+            error = {"error": f"{quoted(path)}: expected GET, HEAD or POST; got {quoted(method)}"}
             await self._json(writer, 405, error, close=True, allow="GET, HEAD, POST")
             return False
         if self._stopping:  # the drain is over: nothing left to change; the body is not read
@@ -728,19 +728,21 @@ class MetricsHTTPServer:
             return False
         error = json_content_type_refusal(
             headers.get("content-type", ""),
-            lambda got: f"a POST body must be Content-Type application/json, got {quoted(got) if got else 'none'}",
+            lambda got: f"Content-Type: expected application/json for a POST; got {quoted(got) if got else 'none'}",
         )
         if error is not None:
             await self._json(writer, 415, {"error": error}, close=True)
             return False
         length = headers.get("content-length")  # digits alone, or absent: _requests refused the rest
         if length is None:
-            await self._json(writer, 411, {"error": "a POST needs a Content-Length"}, close=True)
+            error = "Content-Length: expected one header for a POST; got none"
+            await self._json(writer, 411, {"error": error}, close=True)
             return False
         # Leading zeros are dropped before int(), which refuses over 4,300 digits; a header may hold 16 KiB.
         digits = length.lstrip("0")
         if len(digits) > len(str(MAX_BODY_BYTES)) or int(digits or "0") > MAX_BODY_BYTES:
-            await self._json(writer, 413, {"error": f"body over {MAX_BODY_BYTES} bytes"}, close=True)
+            error = f"Content-Length: expected at most {MAX_BODY_BYTES} bytes; got {quoted(length)}"
+            await self._json(writer, 413, {"error": error}, close=True)
             return False
         size = int(digits or "0")
         if headers.get("expect", "").lower() == "100-continue" and size > 0:
@@ -757,11 +759,11 @@ class MetricsHTTPServer:
         except asyncio.IncompleteReadError as exc:
             # The client closed its side early; or the connection made room before its body
             # came (then the answer finds it closed, and nothing is sent).
-            error = f"body: Content-Length {size}, got {len(exc.partial)} bytes and end of stream"
+            error = f"body: expected Content-Length {size} bytes; got {len(exc.partial)} bytes and end of stream"
             await self._json(writer, 400, {"error": error}, close=True)
             return False
         except asyncio.TimeoutError:
-            error = f"body: Content-Length {size}, not all sent within {HEADER_TIMEOUT_S:g} s"
+            error = f"body: expected Content-Length {size} bytes within {HEADER_TIMEOUT_S:g} s; got fewer"
             await self._json(writer, 408, {"error": error}, close=True)
             return False
         finally:
@@ -779,10 +781,10 @@ class MetricsHTTPServer:
         except ValueError as exc:
             # JSONDecodeError and UnicodeDecodeError are ValueErrors, and so is the refusal of an
             # integer over Python's 4,300-digit conversion limit.
-            await self._json(writer, 400, {"error": f"body: expected JSON, got a parse error: {exc}"}, close)
+            await self._json(writer, 400, {"error": f"body: expected JSON; got a parse error: {exc}"}, close)
             return not close
         except RecursionError:
-            await self._json(writer, 400, {"error": "body: expected JSON, got one nested too deeply"}, close)
+            await self._json(writer, 400, {"error": "body: expected JSON; got one nested too deeply"}, close)
             return not close
         if self._stopping or (self._winding_down() and not (path == "/admin/faults" and _turns_faults_off(body))):
             # Checked once the body is in: its headers may have come before the stop began. A
@@ -897,7 +899,7 @@ class TargetTooLong(HeadTooLarge):
 
     def __init__(self, consumed: int, method: str = "") -> None:
         super().__init__(
-            f"request line: expected at most {MAX_HEADER_BYTES} bytes, got more: its target is too long",
+            f"request line: expected at most {MAX_HEADER_BYTES} bytes; got more: its target is too long",
             consumed,
             method,
         )
@@ -945,13 +947,13 @@ async def read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[l
         if size > MAX_HEADER_BYTES:
             if not lines:
                 raise TargetTooLong(size, method)
-            raise HeadTooLarge(f"request headers over {MAX_HEADER_BYTES} bytes", size, method)
+            raise HeadTooLarge(f"request head: expected at most {MAX_HEADER_BYTES} bytes; got more", size, method)
         where = f"header line {len(lines)}" if lines else "request line"
         if not line.endswith("\r"):
-            raise BadRequest(f"{where}: expected CRLF at its end, got a bare LF: {quoted(line)}", method)
+            raise BadRequest(f"{where}: expected CRLF at its end; got a bare LF: {quoted(line)}", method)
         line = line[:-1]
         if "\r" in line:
-            raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {quoted(line)}", method)
+            raise BadRequest(f"{where}: expected CR only before its LF; got a bare CR: {quoted(line)}", method)
         if not line and lines:
             return lines, size
         lines.append(line)
@@ -970,7 +972,7 @@ async def request_start(reader: asyncio.StreamReader, deadline: float) -> tuple[
             return start, skipped
         skipped += len(start)
         if skipped > 2 * MAX_EMPTY_LINES:
-            raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
+            raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines; got more")
 
 
 def request_line(line: str) -> tuple[str, str, str]:
@@ -982,14 +984,14 @@ def request_line(line: str) -> tuple[str, str, str]:
     parts = line.split(" ")
     if len(parts) != 3:
         raise BadRequest(
-            f"request line: expected a method, a target and a version separated by single spaces, got {quoted(line)}",
+            f"request line: expected a method, a target and a version separated by single spaces; got {quoted(line)}",
             request_method(line),
         )
     method, target, version = parts
     if not TOKEN.fullmatch(method):
-        raise BadRequest(f"request line: expected a method (a token), got {quoted(method)}")
+        raise BadRequest(f"request line: expected a method (a token); got {quoted(method)}")
     if not target:
-        raise BadRequest(f"request line: expected a request target, got none: {quoted(line)}", method)
+        raise BadRequest(f"request line: expected a request target; got none: {quoted(line)}", method)
     return method, target, version
 
 
@@ -1008,7 +1010,7 @@ def expect_refusal(values) -> str | None:
     drops its fields first.
     """
     unmet = [value for value in values if value.lower() != "100-continue"]
-    return f"Expect: expected 100-continue, got {', '.join(map(quoted, unmet))}" if unmet else None
+    return f"Expect: expected 100-continue; got {', '.join(map(quoted, unmet))}" if unmet else None
 
 
 def version_refusal(version: str) -> tuple[int, str] | None:
@@ -1017,9 +1019,12 @@ def version_refusal(version: str) -> tuple[int, str] | None:
     minor is read as 1.1 (RFC 9110 2.5); another major is not HTTP/1."""
     numbered = VERSION.fullmatch(version)
     if numbered is None:
-        return 400, f"request line: expected HTTP/<digit>.<digit> as its version, got {quoted(version)}"
+        return 400, f"request line: expected HTTP/<digit>.<digit> as its version; got {quoted(version)}"
     if numbered[1] != "1":
-        return 505, f"{version} is not supported: this server speaks HTTP/1.1"
+        return (
+            505,
+            f"request line: expected HTTP/1.x as its version (this server speaks HTTP/1.1); got {quoted(version)}",
+        )
     return None
 
 
@@ -1054,17 +1059,17 @@ def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
     """
     shown = ", ".join(map(quoted, values))
     if version == "HTTP/1.0":
-        return 400, f"Transfer-Encoding: expected none in an HTTP/1.0 request (RFC 9112 6.1), got {shown}"
+        return 400, f"Transfer-Encoding: expected none in an HTTP/1.0 request (RFC 9112 6.1); got {shown}"
     # Empty list elements are ignored (RFC 9110 5.6.1). Split at every comma, one in a quoted
     # parameter value (`gzip;q="a,b", chunked`) made a well-formed list malformed, a 400.
     codings = [c.strip(OWS) for value in values for c in split_unquoted(value, ",") if c.strip(OWS)]
     if not all(CODING.fullmatch(c) for c in codings):
-        return 400, f"Transfer-Encoding: expected a list of transfer codings (RFC 9112 7), got {shown}"
+        return 400, f"Transfer-Encoding: expected a list of transfer codings (RFC 9112 7); got {shown}"
     names = [c.split(";", 1)[0].rstrip(OWS).lower() for c in codings]
     if names.count("chunked") != 1 or names[-1] != "chunked":
         return 400, (
             f"Transfer-Encoding: expected chunked as the last coding, and once (RFC 9112 6.3: else where "
-            f"the body ends is unknown), got {shown}"
+            f"the body ends is unknown); got {shown}"
         )
     return 501, (
         f"Transfer-Encoding {shown} is not implemented: this server reads a body by its Content-Length "
@@ -1254,13 +1259,13 @@ def request_target(target: str) -> tuple[str, str | None]:
     try:
         url = urlsplit(target)
     except ValueError as exc:  # a bracket left open ("http://[::1/")
-        raise BadRequest(f"request target: expected an http URL, got {quoted(target)}: {exc}") from None
+        raise BadRequest(f"request target: expected an http URL; got {quoted(target)}: {exc}") from None
     if not url.netloc or "@" in url.netloc or url.netloc[0] == ":":
-        raise BadRequest(f"request target: expected an http URL with a host and no userinfo, got {quoted(target)}")
+        raise BadRequest(f"request target: expected an http URL with a host and no userinfo; got {quoted(target)}")
     if not valid_host(url.netloc):
         # It takes Host's place (the admin paths' cross-site check reads it), and is held to Host's shape.
         raise BadRequest(
-            f"request target: expected an http URL whose authority is {HOST_SHAPE}, got {quoted(url.netloc)}"
+            f"request target: expected an http URL whose authority is {HOST_SHAPE}; got {quoted(url.netloc)}"
         )
     return url.path or "/", url.netloc
 
@@ -1327,19 +1332,19 @@ def header_field(number: int, line: str) -> tuple[str, str]:
     """
     if line[:1] in (" ", "\t"):
         raise BadRequest(
-            f"header line {number}: expected a field, got a continuation of the line before "
+            f"header line {number}: expected a field; got a continuation of the line before "
             f"(obsolete line folding): {quoted(line)}"
         )
     name, sep, value = line.partition(":")
     if not sep:
-        raise BadRequest(f"header line {number}: expected name: value, got no colon: {quoted(line)}")
+        raise BadRequest(f"header line {number}: expected name: value; got no colon: {quoted(line)}")
     if name != name.rstrip(OWS):
-        raise BadRequest(f"header line {number}: expected no space before the colon, got {quoted(line)}")
+        raise BadRequest(f"header line {number}: expected no space before the colon; got {quoted(line)}")
     if not TOKEN.fullmatch(name):
-        raise BadRequest(f"header line {number}: expected a field name (a token), got {quoted(line)}")
+        raise BadRequest(f"header line {number}: expected a field name (a token); got {quoted(line)}")
     value = value.strip(OWS)
     if "\0" in value:
-        raise BadRequest(f"header line {number}: expected no NUL in the value, got {quoted(line)}")
+        raise BadRequest(f"header line {number}: expected no NUL in the value; got {quoted(line)}")
     return name.lower(), value
 
 
@@ -1423,7 +1428,7 @@ def json_content_type_refusal(content_type: str, not_json: Callable[[str], str])
         if name.strip(OWS).lower() == "charset":
             charset = unquoted(value.strip(OWS))
             if charset.lower() not in UTF8_CHARSETS:
-                return f"Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259), got {quoted(charset)}"
+                return f"Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259); got {quoted(charset)}"
     return None
 
 
@@ -1435,7 +1440,7 @@ def json_encoding_refusal(raw: bytes) -> str | None:
     encoding = json.detect_encoding(raw)
     if encoding in ("utf-8", "utf-8-sig"):
         return None
-    return f"body: expected JSON in UTF-8 (RFC 8259), got {encoding.upper()} text"
+    return f"body: expected JSON in UTF-8 (RFC 8259); got {encoding.upper()} text"
 
 
 def cross_site_refusal(headers: dict, authority: str | None = None) -> str | None:

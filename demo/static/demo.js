@@ -101,7 +101,7 @@ function num(id, what) {
   const text = $(id).value.trim();
   const v = Number(text);
   if (text === "" || !Number.isFinite(v)) {
-    const e = new Error(`${what}: expected a number, got ${text === "" ? "nothing" : JSON.stringify(text)}`);
+    const e = new Error(`${what}: expected a number; got ${text === "" ? "nothing" : JSON.stringify(text)}`);
     message(e.message);
     throw e;
   }

@@ -591,7 +591,7 @@ def test_a_trace_path_may_hold_commas(tmp_path):
         (lambda: Burst(1, 1, 5, 0), "sigma_s: expected a finite duration > 0 s; got 0"),
         (
             lambda: Burst(1, 1, 0, 1),
-            "Burst duration_s: expected a duration when t0_s <= 0 (mean_rate averages over the step), "
+            "Burst duration_s: expected a duration when t0_s <= 0 (mean_rate averages over the step); "
             "got None with t0_s 0",
         ),
         (lambda: Sawtooth(1, 2, 0), "period_s: expected a finite duration > 0 s; got 0"),

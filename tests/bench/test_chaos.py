@@ -198,6 +198,17 @@ def test_a_target_chaos_cannot_reach_as_given_is_refused_before_the_run(argv, me
     assert capsys.readouterr().err.endswith(f"error: {message}\n")
 
 
+def test_a_refusal_and_the_usage_name_the_command_as_it_is_run(capsys):
+    """Without a prog, argparse named the script by its file ("chaos.py"), and its own lines began "wok chaos:",
+    a command there is none of; all name `python -m wok.bench.chaos`, as docs/reliability.md runs it."""
+    with pytest.raises(SystemExit) as exc:
+        chaos.main(["--seconds", "soon"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m wok.bench.chaos [-h]"), err
+    assert err.endswith("\npython -m wok.bench.chaos: error: argument --seconds: expected a number; got 'soon'\n"), err
+
+
 def test_a_server_whose_metrics_cannot_be_read_is_one_line_not_a_traceback(capsys):
     """The audit compares the server's counters before and after: without them, nothing is run."""
     with socket.socket() as s:  # a port nothing listens on
@@ -206,14 +217,15 @@ def test_a_server_whose_metrics_cannot_be_read_is_one_line_not_a_traceback(capsy
         url = f"http://127.0.0.1:{port}/metrics"
         assert chaos.main(["--seconds", "1", "--target", f"127.0.0.1:{port}", "--metrics-url", url]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"wok chaos: cannot read the server's metrics at {url}: "), err
+    assert err.startswith(f"python -m wok.bench.chaos: cannot read the server's metrics at {url}: "), err
     assert err.count("\n") == 1, err
 
 
 def test_a_metrics_url_urllib_cannot_take_is_one_line_too(capsys):
     assert chaos.main(["--seconds", "1", "--target", "127.0.0.1:1", "--metrics-url", "notaurl"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("wok chaos: cannot read the server's metrics at notaurl: unknown url type"), err
+    said = "python -m wok.bench.chaos: cannot read the server's metrics at notaurl: unknown url type"
+    assert err.startswith(said), err
     assert err.count("\n") == 1, err
 
 
@@ -231,4 +243,5 @@ def test_a_server_gone_during_the_load_is_one_line_not_a_traceback(monkeypatch, 
     argv = ["--seconds", "1", "--target", "127.0.0.1:1", "--metrics-url", "http://127.0.0.1:1/metrics"]
     assert chaos.main(argv) == 1
     err = capsys.readouterr().err
-    assert err == "wok chaos: cannot read the server's counts after the load: UNAVAILABLE: Connection refused\n"
+    said = "python -m wok.bench.chaos: cannot read the server's counts after the load: UNAVAILABLE: Connection refused"
+    assert err == said + "\n"

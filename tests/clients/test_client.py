@@ -618,7 +618,7 @@ async def test_a_refused_argument_is_shown_quoted_and_cut_as_names_are():
     async with AsyncClient("127.0.0.1:1") as client:
         with pytest.raises(TypeError) as info:
             await client.infer("mlp", {"INPUT0": np.ones((1, 256), np.float32)}, outputs=name)
-    assert str(info.value) == f"outputs: expected a list of output names, got the string {shown}; pass [{shown}]"
+    assert str(info.value) == f"outputs: expected a list of output names; got the string {shown}; pass [{shown}]"
 
 
 async def test_a_callers_id_that_an_automatic_id_repeats_is_refused_after_the_results(serve):

@@ -159,7 +159,7 @@ async def test_outputs_given_as_one_string_is_refused_before_sending(serve, gate
     async with serve(models=(), repository=repository) as server:
         t = f"127.0.0.1:{server.port}"
         async with AsyncClient(t) as client:
-            with pytest.raises(TypeError, match=r"outputs: expected a list of output names, got the string 'OUTPUT0'"):
+            with pytest.raises(TypeError, match=r"outputs: expected a list of output names; got the string 'OUTPUT0'"):
                 await client.infer("gated", x, outputs="OUTPUT0")
             with pytest.raises(TypeError, match=r"stream request 0: outputs: .* the string 'OUTPUT0'"):
                 async for _ in client.stream_infer([{"model": "gated", "inputs": x, "outputs": "OUTPUT0"}]):

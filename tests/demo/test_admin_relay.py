@@ -218,8 +218,8 @@ async def test_a_body_over_the_admin_api_s_64_kib_once_the_model_is_added_gets_i
     assert (status, json.loads(answer)) == (
         413,
         {
-            "error": "the wok server answered 413 Content Too Large with 'body over 65536 bytes' "
-            f"(the body sent on, the model added: {sent:,} bytes)"
+            "error": "the wok server answered 413 Content Too Large with 'Content-Length: expected at most 65536 "
+            f"bytes; got '{sent}'' (the body sent on, the model added: {sent:,} bytes)"
         },
     )
     assert admin.admin.posted == []
@@ -280,15 +280,22 @@ def _answer(status: str, body: bytes, length: int | None = None, ctype: str = "a
     ("answer", "relayed"),
     [
         (
-            _answer("408 Request Timeout", b'{"error":"body: Content-Length 14, not all sent within 10 s"}\n'),
+            _answer(
+                "408 Request Timeout", b'{"error":"body: expected Content-Length 14 bytes within 10 s; got fewer"}\n'
+            ),
             (
                 502,
-                "the wok server answered 408 Request Timeout with 'body: Content-Length 14, not all sent within 10 s'",
+                "the wok server answered 408 Request Timeout with "
+                "'body: expected Content-Length 14 bytes within 10 s; got fewer'",
             ),
         ),
         (
-            _answer("411 Length Required", b'{"error":"a POST needs a Content-Length"}\n'),
-            (502, "the wok server answered 411 Length Required with 'a POST needs a Content-Length'"),
+            _answer("411 Length Required", b'{"error":"Content-Length: expected one header for a POST; got none"}\n'),
+            (
+                502,
+                "the wok server answered 411 Length Required with "
+                "'Content-Length: expected one header for a POST; got none'",
+            ),
         ),
         (
             _answer("503 Service Unavailable", b"the metrics port is at its connection limit: try again\n"),

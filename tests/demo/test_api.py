@@ -115,9 +115,9 @@ async def test_a_body_not_in_utf8_is_refused_as_the_admin_api_refuses_it(sim_pag
     port = sim_page.port
     rate = '{"rate": 5000}'
     status, answer = await exchange(port, post(port, "/api/load", rate.encode("utf-16")))
-    assert (status, answer) == (415, {"error": "body: expected JSON in UTF-8 (RFC 8259), got UTF-16 text"})
+    assert (status, answer) == (415, {"error": "body: expected JSON in UTF-8 (RFC 8259); got UTF-16 text"})
     charset = post(port, "/api/load", rate.encode(), ctype="application/json; charset=iso-8859-1")
-    error = "Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259), got 'iso-8859-1'"
+    error = "Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259); got 'iso-8859-1'"
     assert await exchange(port, charset) == (415, {"error": error})
     assert (await config(port))["load"]["rate"] == 100
     taken = post(port, "/api/load", b'{"rate": 40}', ctype="application/json; charset=utf-8")
@@ -156,7 +156,7 @@ async def test_a_host_that_is_not_host_port_gets_400_on_every_path_and_changes_n
     # The cross-site check read `127.0.0.1/x` as the address 127.0.0.1 (the URL's host), and the
     # POST took; the metrics port refuses such a Host with 400 (RFC 9112 3.2), so does the page.
     port = sim_page.port
-    refused = (400, {"error": f"Host: expected {HOST_SHAPE}, got '{host}'"})
+    refused = (400, {"error": f"Host: expected {HOST_SHAPE}; got '{host}'"})
     body = b'{"rate": 5000}'
     head = f"POST /api/load HTTP/1.1\r\nHost: {host}\r\nContent-Type: {JSON}\r\nContent-Length: {len(body)}\r\n\r\n"
     assert await exchange(port, head.encode() + body) == refused
@@ -168,9 +168,9 @@ async def test_a_host_that_is_not_host_port_gets_400_on_every_path_and_changes_n
 @pytest.mark.parametrize(
     ("hosts", "error"),
     [
-        (["evil.example", "127.0.0.1"], "Host: expected one header, got 2: 'evil.example', '127.0.0.1'"),
-        (["127.0.0.1", "127.0.0.1"], "Host: expected one header, got 2: '127.0.0.1', '127.0.0.1'"),
-        ([], "Host: expected one header, got none (RFC 9112 3.2)"),
+        (["evil.example", "127.0.0.1"], "Host: expected one header; got 2: 'evil.example', '127.0.0.1'"),
+        (["127.0.0.1", "127.0.0.1"], "Host: expected one header; got 2: '127.0.0.1', '127.0.0.1'"),
+        ([], "Host: expected one header; got none (RFC 9112 3.2)"),
     ],
     ids=["two-hosts", "two-equal-hosts", "none"],
 )
@@ -242,9 +242,9 @@ async def test_a_404_names_the_path_asked_for_escaped_and_cut_and_the_paths_serv
         (b"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n", "got '-5'"),
         (
             b"GARBAGE\r\n\r\n",
-            "request line: expected a method, a target and a version separated by single spaces, got 'GARBAGE'",
+            "request line: expected a method, a target and a version separated by single spaces; got 'GARBAGE'",
         ),
-        (post(0, "/api/load", b"[" * 30_000 + b"]" * 30_000), "body: expected JSON, got one nested too deeply"),
+        (post(0, "/api/load", b"[" * 30_000 + b"]" * 30_000), "body: expected JSON; got one nested too deeply"),
     ],
     ids=["length-abc", "length-negative", "request-line", "nested-json"],
 )
@@ -567,27 +567,27 @@ RATE = b'{"rate": 5000}'
     [
         (
             _framed("GET /api/config HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n"),
-            (505, "HTTP/9.9 is not supported: this server speaks HTTP/1.1"),
+            (505, "request line: expected HTTP/1.x as its version (this server speaks HTTP/1.1); got 'HTTP/9.9'"),
         ),
         (
             _framed("GET /api/config http/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
-            (400, "request line: expected HTTP/<digit>.<digit> as its version, got 'http/1.1'"),
+            (400, "request line: expected HTTP/<digit>.<digit> as its version; got 'http/1.1'"),
         ),
         (
             _framed(
                 f"P(ST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {JSON}\r\nContent-Length: 14\r\n\r\n"
             ),
-            (400, "request line: expected a method (a token), got 'P(ST'"),
+            (400, "request line: expected a method (a token); got 'P(ST'"),
         ),
         (
             _framed(f"POST /api/load HTTP/1.1\nHost: 127.0.0.1\nContent-Type: {JSON}\nContent-Length: 14\n\n", RATE),
-            (400, "request line: expected CRLF at its end, got a bare LF: 'POST /api/load HTTP/1.1'"),
+            (400, "request line: expected CRLF at its end; got a bare LF: 'POST /api/load HTTP/1.1'"),
         ),
         (
             _framed(
                 f"POST /api/load HTTP/1.1\r\nHost : 127.0.0.1\r\nContent-Type: {JSON}\r\nContent-Length: 14\r\n\r\n"
             ),
-            (400, "header line 1: expected no space before the colon, got 'Host : 127.0.0.1'"),
+            (400, "header line 1: expected no space before the colon; got 'Host : 127.0.0.1'"),
         ),
         (
             _framed(
@@ -596,7 +596,7 @@ RATE = b'{"rate": 5000}'
             ),
             (
                 400,
-                "header line 3: expected a field, got a continuation of the line before (obsolete line folding): "
+                "header line 3: expected a field; got a continuation of the line before (obsolete line folding): "
                 "' application/json'",
             ),
         ),
@@ -607,7 +607,7 @@ RATE = b'{"rate": 5000}'
                 "Content-Length: 200\r\nContent-Length: 14\r\n\r\n",
                 RATE,
             ),
-            (400, "Content-Length: expected one header, got 2: '200', '14'"),
+            (400, "Content-Length: expected one header; got 2: '200', '14'"),
         ),
     ],
     ids=[
@@ -649,7 +649,7 @@ async def test_an_absolute_form_target_is_served_and_its_host_is_the_one_checked
     assert await exchange(port, not_a_url) == (
         400,
         {
-            "error": "request target: expected an http URL with a host and no userinfo, got 'http://u@127.0.0.1/api/load'"
+            "error": "request target: expected an http URL with a host and no userinfo; got 'http://u@127.0.0.1/api/load'"
         },
     )
     assert (await config(port))["load"]["rate"] == 100
@@ -795,7 +795,7 @@ async def test_expect_100_continue_gets_a_100_before_the_body_and_another_expect
     assert lines[0] == "HTTP/1.1 200 OK" and json.loads(answer)["rate"] == 40
     for expect in ("foo", "100-continue, foo"):
         unmet = post(port, "/api/load", b'{"rate": 5000}', extra=f"Expect: {expect}\r\n")
-        assert await exchange(port, unmet) == (417, {"error": f"Expect: expected 100-continue, got '{expect}'"})
+        assert await exchange(port, unmet) == (417, {"error": f"Expect: expected 100-continue; got '{expect}'"})
     # HTTP/1.0 has no Expect (RFC 9110 10.1.1): its client sends the body at once, and waits for no 100.
     old = post(port, "/api/load", b'{"rate": 30}', extra="Expect: 100-continue\r\n").replace(b"HTTP/1.1", b"HTTP/1.0")
     assert (await answer_head(port, old))[0][0] == "HTTP/1.1 200 OK"

@@ -34,7 +34,7 @@ def test_the_controls_follow_the_configuration_and_refuse_what_they_cannot_send(
     # An emptied field is refused in the page, not sent as 0.
     page.fill("#rate", "")
     page.click("#apply-rate")
-    assert wait_for_message(page, "rate:") == "rate: expected a number, got nothing"
+    assert wait_for_message(page, "rate:") == "rate: expected a number; got nothing"
     with urllib.request.urlopen(demo.url + "api/config", timeout=10) as r:
         assert json.loads(r.read())["load"]["rate"] == 50
 

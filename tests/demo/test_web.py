@@ -45,7 +45,7 @@ async def test_a_url_too_long_gets_414_and_the_page_goes_on(page):
     (414, RFC 9112 3); the page answered it 431, header fields too large, which its client had not sent."""
     line, got = await answer(page.port, b"GET /api/config?" + b"a" * 20_000 + b" HTTP/1.1\r\n" + HOST + b"\r\n")
     assert line == b"HTTP/1.1 414 URI Too Long", got
-    assert got == {"error": "request line: expected at most 16384 bytes, got more: its target is too long"}
+    assert got == {"error": "request line: expected at most 16384 bytes; got more: its target is too long"}
     assert (await answer(page.port, CONFIG.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")))[0].endswith(
         b" 200 OK"
     )
@@ -57,7 +57,7 @@ async def test_a_url_too_long_gets_414_and_the_page_goes_on(page):
         ("chunked", b"HTTP/1.1 501 Not Implemented", "Transfer-Encoding 'chunked' is not implemented: this server "
          "reads a body by its Content-Length alone (RFC 9112 6.1); send one"),
         ("gzip", b"HTTP/1.1 400 Bad Request", "Transfer-Encoding: expected chunked as the last coding, and once "
-         "(RFC 9112 6.3: else where the body ends is unknown), got 'gzip'"),
+         "(RFC 9112 6.3: else where the body ends is unknown); got 'gzip'"),
     ],
     ids=["chunked", "gzip"],
 )  # fmt: skip
@@ -80,7 +80,7 @@ async def test_a_malformed_request_line_is_shown_escaped_in_ascii(page):
     line, got = await answer(page.port, b"GET /caf\xe9 x HTTP/1.1\r\n" + HOST + b"\r\n")
     assert line == b"HTTP/1.1 400 Bad Request"
     assert got == {
-        "error": "request line: expected a method, a target and a version separated by single spaces, "
+        "error": "request line: expected a method, a target and a version separated by single spaces; "
         "got 'GET /caf\\xe9 x HTTP/1.1'"
     }
 

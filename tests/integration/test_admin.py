@@ -161,37 +161,45 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
     ("headers", "status", "says"),
     [
         # A page on another site may send these without a CORS preflight (text/plain, a form).
-        ("Content-Type: text/plain", 415, "Content-Type application/json, got 'text/plain'"),
+        ("Content-Type: text/plain", 415, "Content-Type: expected application/json for a POST; got 'text/plain'"),
         ("Content-Type: application/x-www-form-urlencoded", 415, "got 'application/x-www-form-urlencoded'"),
         ("Content-Type: application/json\r\nOrigin: http://evil.example", 403, "Origin 'http://evil.example'"),
         ("Content-Type: application/json\r\nHost: evil.example", 403, "Host 'evil.example' is not an IP address"),
         # Not a number of bytes: refused as the head is read, in plain text as other framing errors.
-        ("Content-Type: application/json\r\nContent-Length: \xb2", 400, "expected a number of bytes, got '\\xb2'"),
+        ("Content-Type: application/json\r\nContent-Length: \xb2", 400, "expected a number of bytes; got '\\xb2'"),
         # JSON is UTF-8 (RFC 8259 8.1): a charset that says otherwise was ignored, and the body read as UTF-8.
         (
             "Content-Type: application/json; charset=utf-16",
             415,
-            "Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259), got 'utf-16'",
+            "Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259); got 'utf-16'",
         ),
         (
             'Content-Type: application/json; charset="latin1"',
             415,
-            "expected utf-8 (JSON is UTF-8, RFC 8259), got 'latin1'",
+            "expected utf-8 (JSON is UTF-8, RFC 8259); got 'latin1'",
         ),
         # Only spaces and tabs are white space around a media type (OWS, RFC 9110 5.6.3, 8.3.1): a no-break
         # space or a C0 separator after it, which str.strip() dropped unseen, makes it another type.
-        ("Content-Type: application/json\xa0", 415, "Content-Type application/json, got 'application/json\\xa0'"),
-        ("Content-Type: application/json\x1f", 415, "Content-Type application/json, got 'application/json\\x1f'"),
+        (
+            "Content-Type: application/json\xa0",
+            415,
+            "Content-Type: expected application/json for a POST; got 'application/json\\xa0'",
+        ),
+        (
+            "Content-Type: application/json\x1f",
+            415,
+            "Content-Type: expected application/json for a POST; got 'application/json\\x1f'",
+        ),
         ("Content-Type: application/json\x0b; charset=utf-8", 415, "got 'application/json\\x0b'"),
         # A charset is a token (RFC 9110 8.3.2): codecs.lookup() read 'utf-8\xa0' as utf-8.
         (
             "Content-Type: application/json; charset=utf-8\xa0",
             415,
-            "expected utf-8 (JSON is UTF-8, RFC 8259), got 'utf-8\\xa0'",
+            "expected utf-8 (JSON is UTF-8, RFC 8259); got 'utf-8\\xa0'",
         ),
         # A charset is one of its registered names (RFC 9110 8.3.2), not what Python's codecs.lookup() reads as
         # UTF-8 ("UTF_8", "u8", "utf--8", "cp65001", all of which were taken).
-        ("Content-Type: application/json; charset=UTF_8", 415, "expected utf-8 (JSON is UTF-8, RFC 8259), got 'UTF_8'"),
+        ("Content-Type: application/json; charset=UTF_8", 415, "expected utf-8 (JSON is UTF-8, RFC 8259); got 'UTF_8'"),
         ("Content-Type: application/json; charset=utf--8", 415, "got 'utf--8'"),
     ],
 )
@@ -228,7 +236,7 @@ async def test_a_body_in_utf16_or_utf32_is_refused_and_changes_nothing(admin_ser
     assert answer.startswith(b"HTTP/1.1 415 "), answer[:200]
     got = json.detect_encoding(body).upper()
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {
-        "error": f"body: expected JSON in UTF-8 (RFC 8259), got {got} text"
+        "error": f"body: expected JSON in UTF-8 (RFC 8259); got {got} text"
     }
     assert (await ahttp(base + "/admin/faults"))[1] == {"faults": []}
 

@@ -74,7 +74,7 @@ def test_a_size_that_cannot_hold_the_longest_note_is_refused():
     # "… (9,223,372,036,854,775,807 characters in all)": 52 bytes, the longest note a str's length makes.
     assert errors.NOTE_BYTES == 52
     assert cut_message("x" * 100, errors.NOTE_BYTES) == "x" * (52 - 30) + "… (100 characters in all)"
-    with pytest.raises(ValueError, match="size: expected at least 52 bytes, the longest note's, got 51"):
+    with pytest.raises(ValueError, match="size: expected at least 52 bytes, the longest note's; got 51"):
         cut_message("x", 51)
 
 

@@ -233,7 +233,7 @@ async def test_headers_over_the_limit_get_431(raw_http):
         answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\nX-A: " + b"a" * 20_000 + b"\r\n\r\n")
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") and b"Connection: close" in top
-    assert body == b"request headers over 16384 bytes\n"
+    assert body == b"request head: expected at most 16384 bytes; got more\n"
 
 
 def post(host: bytes, body: bytes, *, length: int | None = None, extra: bytes = b"") -> bytes:
@@ -257,10 +257,10 @@ async def test_a_body_shorter_than_its_content_length_gets_408_or_400_at_its_end
         writer.close()
     [(top, body)] = responses(timed_out, [False])
     assert top.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"Connection: close" in top, timed_out
-    assert json.loads(body) == {"error": "body: Content-Length 100, not all sent within 0.2 s"}
+    assert json.loads(body) == {"error": "body: expected Content-Length 100 bytes within 0.2 s; got fewer"}
     [(top, body)] = responses(ended, [False])
     assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n"), ended
-    assert json.loads(body) == {"error": "body: Content-Length 100, got 16 bytes and end of stream"}
+    assert json.loads(body) == {"error": "body: expected Content-Length 100 bytes; got 16 bytes and end of stream"}
     assert s.admin.posted == []
 
 
@@ -463,8 +463,8 @@ async def test_a_repeated_content_length_or_host_gets_400_and_the_connection_end
         answer = await raw_http(s.port, request_.replace(b"{host}", s.host).replace(b"{{}}", b"{}"))
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
-    assert body.startswith(b"Content-Length: expected one header, got 2: ") or body.startswith(
-        b"Host: expected one header, got 2: '127.0.0.1:"
+    assert body.startswith(b"Content-Length: expected one header; got 2: ") or body.startswith(
+        b"Host: expected one header; got 2: '127.0.0.1:"
     ), body
     assert s.admin.posted == []
 
@@ -657,17 +657,17 @@ async def test_a_405_says_which_methods_the_path_takes(method, path, allow, raw_
         (
             b"POST /admin/batching HTTP/1.1\r\n{host}Content-Type: application/json\r\nContent-Length : 2\r\n\r\n"
             b"{}GET / HTTP/1.1\r\n{host}\r\n",
-            "header line 3: expected no space before the colon, got 'Content-Length : 2'",
+            "header line 3: expected no space before the colon; got 'Content-Length : 2'",
         ),
         (
             b"GET / HTTP/1.1\r\n{host}X-A: a\r\n b\r\n\r\n",
-            "header line 3: expected a field, got a continuation of the line before (obsolete line folding): ' b'",
+            "header line 3: expected a field; got a continuation of the line before (obsolete line folding): ' b'",
         ),
         (
             b"GET / HTTP/1.1\r\n{host}X-A: a\r\n\tb\r\n\r\n",
-            "header line 3: expected a field, got a continuation of the line before (obsolete line folding): '\\tb'",
+            "header line 3: expected a field; got a continuation of the line before (obsolete line folding): '\\tb'",
         ),
-        (b"GET / HTTP/1.1\r\n{host}garbage\r\n\r\n", "header line 2: expected name: value, got no colon: 'garbage'"),
+        (b"GET / HTTP/1.1\r\n{host}garbage\r\n\r\n", "header line 2: expected name: value; got no colon: 'garbage'"),
     ],
     ids=["space-before-colon", "obs-fold", "obs-fold-tab", "no-colon"],
 )
@@ -686,15 +686,15 @@ async def test_a_malformed_header_line_gets_400_naming_it_and_the_connection_end
     [
         (
             b"GET / HTTP/1.1\nHost: 127.0.0.1\n\n",
-            "request line: expected CRLF at its end, got a bare LF: 'GET / HTTP/1.1'",
+            "request line: expected CRLF at its end; got a bare LF: 'GET / HTTP/1.1'",
         ),
         (
             b"GET / HTTP/1.1\r\nHost: 127.0.0.1\nConnection: close\r\n\r\n",
-            "header line 1: expected CRLF at its end, got a bare LF: 'Host: 127.0.0.1'",
+            "header line 1: expected CRLF at its end; got a bare LF: 'Host: 127.0.0.1'",
         ),
         (
             b"GET / HTTP/1.1\r\nHost: 127.0.0.1\rConnection: close\r\n\r\n",
-            "header line 1: expected CR only before its LF, got a bare CR: 'Host: 127.0.0.1\\rConnection: close'",
+            "header line 1: expected CR only before its LF; got a bare CR: 'Host: 127.0.0.1\\rConnection: close'",
         ),
     ],
     ids=["bare-lf", "one-bare-lf", "bare-cr"],

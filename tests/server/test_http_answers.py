@@ -85,7 +85,7 @@ async def test_a_host_that_is_not_host_port_gets_400_naming_it(value, shown, raw
         head = await raw_http(s.port, b"HEAD /metrics HTTP/1.1\r\nHost: " + value + b"\r\n\r\n" + NEXT)
     [(top, body)] = responses(answer, [False])  # one answer: the connection ends
     assert status(top) == b"HTTP/1.1 400 Bad Request" and b"Connection: close" in top, answer
-    assert body.decode() == f"Host: expected {SHAPE}, got {shown}\n"
+    assert body.decode() == f"Host: expected {SHAPE}; got {shown}\n"
     [(top, _)] = responses(head, [True])
     assert status(top) == b"HTTP/1.1 400 Bad Request", head
 
@@ -103,7 +103,7 @@ async def test_an_admin_post_whose_host_is_not_host_port_is_refused_and_not_appl
         answer = await raw_http(s.port, request)
     [(top, got)] = responses(answer, [False])
     assert status(top) == b"HTTP/1.1 400 Bad Request" and b"Connection: close" in top, answer
-    assert got.decode() == f"Host: expected {SHAPE}, got '{host}'\n"
+    assert got.decode() == f"Host: expected {SHAPE}; got '{host}'\n"
     assert s.admin.posted == []
 
 
@@ -120,9 +120,9 @@ async def test_an_absolute_form_target_whose_authority_is_not_host_port_gets_400
     [(top, body)] = responses(answer, [False])
     assert status(top) == b"HTTP/1.1 400 Bad Request" and b"Connection: close" in top, answer
     if shown is None:
-        assert body.decode() == f"request target: expected an http URL with a host and no userinfo, got '{target}'\n"
+        assert body.decode() == f"request target: expected an http URL with a host and no userinfo; got '{target}'\n"
     else:
-        assert body.decode() == f"request target: expected an http URL whose authority is {SHAPE}, got {shown}\n"
+        assert body.decode() == f"request target: expected an http URL whose authority is {SHAPE}; got {shown}\n"
 
 
 async def test_the_hosts_real_clients_send_are_served_each_answer_dated(raw_http):

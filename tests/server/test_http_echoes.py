@@ -35,17 +35,17 @@ async def test_an_unmet_expectation_is_shown_quoted_escaped_and_cut(expects, sho
         answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + fields + b"\r\n")
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 417 Expectation Failed\r\n") and b"Connection: close" in top, answer
-    assert body.decode() == f"Expect: expected 100-continue, got {shown}\n"
+    assert body.decode() == f"Expect: expected 100-continue; got {shown}\n"
 
 
 @pytest.mark.parametrize(
     "fields, shown",
     [
-        (b"Host: ev\x1bil\xe9\r\n", "Host: expected one header, got 2: '127.0.0.1:{port}', 'ev\\x1bil\\xe9'"),
-        (b"Host: " + LONG.encode() + b"\r\n", "Host: expected one header, got 2: '127.0.0.1:{port}', " + LONG_SHOWN),
+        (b"Host: ev\x1bil\xe9\r\n", "Host: expected one header; got 2: '127.0.0.1:{port}', 'ev\\x1bil\\xe9'"),
+        (b"Host: " + LONG.encode() + b"\r\n", "Host: expected one header; got 2: '127.0.0.1:{port}', " + LONG_SHOWN),
         (
             b"Content-Length: 0\r\nContent-Length: 0" + b"0" * 10_000 + b"\r\n",
-            "Content-Length: expected one header, got 2: '0', '" + "0" * 200 + "'… (10,001 characters in all)",
+            "Content-Length: expected one header; got 2: '0', '" + "0" * 200 + "'… (10,001 characters in all)",
         ),
     ],
     ids=["escape", "long-host", "long-length"],
@@ -61,9 +61,9 @@ async def test_a_repeated_header_is_shown_quoted_escaped_and_cut(fields, shown, 
 @pytest.mark.parametrize(
     "path, error",
     [
-        ("/metrics", "/metrics takes GET or HEAD, got {method}"),
-        ("/events", "/events takes GET, got {method}"),
-        ("/admin/faults", "/admin/faults takes GET, HEAD or POST, got {method}"),
+        ("/metrics", "'/metrics': expected GET or HEAD; got {method}"),
+        ("/events", "'/events': expected GET; got {method}"),
+        ("/admin/faults", "'/admin/faults': expected GET, HEAD or POST; got {method}"),
     ],
 )
 async def test_a_405_shows_a_long_method_cut(path, error, raw_http):
@@ -85,7 +85,7 @@ async def test_a_415_shows_the_content_type_quoted_and_cut(ctype, shown, raw_htt
         answer = await raw_http(s.port, request)
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 415 Unsupported Media Type\r\n"), answer[:200]
-    assert json.loads(body) == {"error": f"a POST body must be Content-Type application/json, got {shown}"}
+    assert json.loads(body) == {"error": f"Content-Type: expected application/json for a POST; got {shown}"}
     assert s.admin.posted == []
 
 
@@ -105,10 +105,10 @@ async def test_a_request_line_over_the_head_limit_gets_414_not_431(raw_http):
     for answer in (long_target, line_then_end):
         [(top, body)] = responses(answer, [False])
         assert top.startswith(b"HTTP/1.1 414 URI Too Long\r\n") and b"Connection: close" in top, answer[:200]
-        assert body == b"request line: expected at most 16384 bytes, got more: its target is too long\n"
+        assert body == b"request line: expected at most 16384 bytes; got more: its target is too long\n"
     [(top, body)] = responses(long_header, [False])
     assert top.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), long_header[:200]
-    assert body == b"request headers over 16384 bytes\n"
+    assert body == b"request head: expected at most 16384 bytes; got more\n"
 
 
 async def test_a_body_cut_short_names_its_content_length_as_a_number():
@@ -125,5 +125,5 @@ async def test_a_body_cut_short_names_its_content_length_as_a_number():
             writer.close()
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer[:200]
-    assert json.loads(body) == {"error": "body: Content-Length 15, got 9 bytes and end of stream"}
+    assert json.loads(body) == {"error": "body: expected Content-Length 15 bytes; got 9 bytes and end of stream"}
     assert s.admin.posted == []

@@ -21,15 +21,15 @@ def status(top: bytes) -> bytes:
     [
         # The request line split in four: its 0xe9 (é read as Latin-1) went out raw, as repr keeps it.
         (b"GET /caf\xe9 x HTTP/1.1\r\n", "request line: expected a method, a target and a version separated by "
-         "single spaces, got 'GET /caf\\xe9 x HTTP/1.1'"),
-        (b"G\xe9T / HTTP/1.1\r\n", "request line: expected a method (a token), got 'G\\xe9T'"),
-        (b"GET / HTTP/1.\xb9\r\n", "request line: expected HTTP/<digit>.<digit> as its version, got 'HTTP/1.\\xb9'"),
-        (b"GET / HTTP/1.1\r\nX-Caf\xe9: 1\r\n", "header line 1: expected a field name (a token), got 'X-Caf\\xe9: 1'"),
-        (b"GET / HTTP/1.1\r\nX-A: \xa0\xad\xff\n", "header line 1: expected CRLF at its end, got a bare LF: "
+         "single spaces; got 'GET /caf\\xe9 x HTTP/1.1'"),
+        (b"G\xe9T / HTTP/1.1\r\n", "request line: expected a method (a token); got 'G\\xe9T'"),
+        (b"GET / HTTP/1.\xb9\r\n", "request line: expected HTTP/<digit>.<digit> as its version; got 'HTTP/1.\\xb9'"),
+        (b"GET / HTTP/1.1\r\nX-Caf\xe9: 1\r\n", "header line 1: expected a field name (a token); got 'X-Caf\\xe9: 1'"),
+        (b"GET / HTTP/1.1\r\nX-A: \xa0\xad\xff\n", "header line 1: expected CRLF at its end; got a bare LF: "
          "'X-A: \\xa0\\xad\\xff'"),
         # repr shows a line with a single quote between double ones: quoted as every other value is.
         (b"GET /it's x HTTP/1.1\r\n", "request line: expected a method, a target and a version separated by "
-         "single spaces, got 'GET /it's x HTTP/1.1'"),
+         "single spaces; got 'GET /it's x HTTP/1.1'"),
     ],
     ids=["request-line", "method", "version", "header-name", "bare-lf", "quote"],
 )  # fmt: skip
@@ -53,7 +53,7 @@ async def test_a_malformed_line_is_cut_as_every_value_is(raw_http):
     [(_, body)] = responses(answer, [False])
     shown = f"'{line[:200]}'… ({len(line):,} characters in all)"
     assert body.decode() == (
-        f"request line: expected a method, a target and a version separated by single spaces, got {shown}\n"
+        f"request line: expected a method, a target and a version separated by single spaces; got {shown}\n"
     )
     assert shown == quoted_name(line)  # the note of errors' quoting, to the character
 
@@ -97,20 +97,20 @@ async def test_a_chunked_request_gets_501_and_the_connection_ends(codings, raw_h
     "version, coding, why",
     [
         ("HTTP/1.1", "gzip", "expected chunked as the last coding, and once (RFC 9112 6.3: else where the body "
-         "ends is unknown), got 'gzip'"),
+         "ends is unknown); got 'gzip'"),
         ("HTTP/1.1", "chunked, gzip", "expected chunked as the last coding, and once (RFC 9112 6.3: else where "
-         "the body ends is unknown), got 'chunked, gzip'"),
+         "the body ends is unknown); got 'chunked, gzip'"),
         ("HTTP/1.1", "chunked, chunked", "expected chunked as the last coding, and once (RFC 9112 6.3: else where "
-         "the body ends is unknown), got 'chunked, chunked'"),
+         "the body ends is unknown); got 'chunked, chunked'"),
         ("HTTP/1.1", "", "expected chunked as the last coding, and once (RFC 9112 6.3: else where the body ends "
-         "is unknown), got ''"),
-        ("HTTP/1.1", "chunked x", "expected a list of transfer codings (RFC 9112 7), got 'chunked x'"),
-        ("HTTP/1.1", "chu\xe9nked", "expected a list of transfer codings (RFC 9112 7), got 'chu\\xe9nked'"),
-        ("HTTP/1.0", "chunked", "expected none in an HTTP/1.0 request (RFC 9112 6.1), got 'chunked'"),
+         "is unknown); got ''"),
+        ("HTTP/1.1", "chunked x", "expected a list of transfer codings (RFC 9112 7); got 'chunked x'"),
+        ("HTTP/1.1", "chu\xe9nked", "expected a list of transfer codings (RFC 9112 7); got 'chu\\xe9nked'"),
+        ("HTTP/1.0", "chunked", "expected none in an HTTP/1.0 request (RFC 9112 6.1); got 'chunked'"),
         # chunked inside a quoted parameter value is no coding: gzip is the last one.
         ("HTTP/1.1", 'gzip;x="a, chunked"', "expected chunked as the last coding, and once (RFC 9112 6.3: else "
-         "where the body ends is unknown), got 'gzip;x=\"a, chunked\"'"),
-        ("HTTP/1.1", 'gzip;x="a, chunked', "expected a list of transfer codings (RFC 9112 7), got "
+         "where the body ends is unknown); got 'gzip;x=\"a, chunked\"'"),
+        ("HTTP/1.1", 'gzip;x="a, chunked', "expected a list of transfer codings (RFC 9112 7); got "
          "'gzip;x=\"a, chunked'"),
     ],
     ids=[

@@ -133,18 +133,18 @@ def test_a_connection_whose_last_answer_is_not_all_sent_is_closed_for_room_last_
     [
         (
             b"GET /metrics",
-            "request line: expected a method, a target and a version separated by single spaces, got 'GET /metrics'",
+            "request line: expected a method, a target and a version separated by single spaces; got 'GET /metrics'",
         ),
         (
             b"GET  /metrics HTTP/1.1",
-            "request line: expected a method, a target and a version separated by single spaces, "
+            "request line: expected a method, a target and a version separated by single spaces; "
             "got 'GET  /metrics HTTP/1.1'",
         ),
         # The two above got "bad request line"; the three below were served as well formed, with a
         # 405 "only GET" (the method is not GET) or a 404 (the target was empty).
-        (b" /metrics HTTP/1.1", "request line: expected a method (a token), got ''"),
-        (b"G(T /metrics HTTP/1.1", "request line: expected a method (a token), got 'G(T'"),
-        (b"GET  HTTP/1.1", "request line: expected a request target, got none: 'GET  HTTP/1.1'"),
+        (b" /metrics HTTP/1.1", "request line: expected a method (a token); got ''"),
+        (b"G(T /metrics HTTP/1.1", "request line: expected a method (a token); got 'G(T'"),
+        (b"GET  HTTP/1.1", "request line: expected a request target; got none: 'GET  HTTP/1.1'"),
     ],
     ids=["two-parts", "two-spaces", "no-method", "method-not-a-token", "no-target"],
 )
@@ -159,9 +159,9 @@ async def test_a_malformed_request_line_gets_400_naming_what_is_wrong(line, erro
 @pytest.mark.parametrize(
     "method, path, error",
     [
-        ("POST", "/metrics", "/metrics takes GET or HEAD, got 'POST'"),
-        ("DELETE", "/", "/ takes GET or HEAD, got 'DELETE'"),
-        ("DELETE", "/events", "/events takes GET, got 'DELETE'"),
+        ("POST", "/metrics", "'/metrics': expected GET or HEAD; got 'POST'"),
+        ("DELETE", "/", "'/': expected GET or HEAD; got 'DELETE'"),
+        ("DELETE", "/events", "'/events': expected GET; got 'DELETE'"),
     ],
 )
 async def test_a_405_names_the_method_and_what_the_path_takes(method, path, error, raw_http):

@@ -42,12 +42,12 @@ def test_a_refused_serve_option_exits_2_before_torch_is_imported():
         ),
         (
             ("--demo-option", "mlp.hidden=1.5"),
-            "wok: --demo-option 'mlp.hidden=1.5': option 'hidden' of demo model 'mlp': expected an integer, got '1.5'",
+            "wok: --demo-option 'mlp.hidden=1.5': option 'hidden' of demo model 'mlp': expected an integer; got '1.5'",
         ),
         (
             ("--demo-option", "mlp.max_queue_delay_ms=soon"),
             "wok: --demo-option 'mlp.max_queue_delay_ms=soon': option 'max_queue_delay_ms' of demo model 'mlp': "
-            "expected a number, got 'soon'",
+            "expected a number; got 'soon'",
         ),
     ],
     ids=["--models", "--demo-option model", "--demo-option option", "--demo-option int", "--demo-option float"],

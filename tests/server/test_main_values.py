@@ -277,7 +277,7 @@ NUMBER_CASES = [
     ),
     (
         ("serve", "--demo-option", "mlp.hidden=٣", "--models", "mlp", "--grace-period", "-1"),
-        f"wok: --demo-option 'mlp.hidden=٣': option 'hidden' of demo model 'mlp': expected an integer, got '٣'{NOTE}",
+        f"wok: --demo-option 'mlp.hidden=٣': option 'hidden' of demo model 'mlp': expected an integer; got '٣'{NOTE}",
     ),
     (("serve", "--port", "\u00a03", "--models", "nope"), rf"wok serve: --port: expected an integer; got '\xa03'{NOTE}"),
     (("bench", "ramp", "--workers", "٢"), f"wok bench: --workers: expected an integer; got '٢'{NOTE}"),
