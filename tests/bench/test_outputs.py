@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import itertools
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -42,6 +43,22 @@ SCRIPTS = {
     "tune_check": [],
     "unhandled_cost": [],
 }
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """The scripts run in this process, and some set OMP_WAIT_POLICY as `wok serve` does (cold_batch in main,
+    before its --json check; slo_compare and tune_check on import): it must not outlive the test, or the files
+    that follow on the same pytest-xdist worker start their children with it. The environment is put back whole
+    (a `wok` command sets GRPC_VERBOSITY, a profile points TORCHINDUCTOR_CACHE_DIR into this test's temp folder).
+    Torch's threads are the scripts' own to set: the tests that reach their set_num_threads replace it."""
+    env = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(env):
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def test_every_script_with_a_json_output_is_listed():

@@ -169,18 +169,19 @@ def saying(name: str, text: str, count: int = 1):
         logger.setLevel(level)
 
 
-async def until(condition, tries: int = 10_000) -> None:
-    """Yield to the loop (1 ms at a time) until `condition()` holds; fail after `tries`, quoting the condition
-    (its source line: "the batcher never got there" was said whatever the test waited for)."""
-    for _ in range(tries):
-        if condition():
-            return
+async def until(condition, within_s: float = 15.0) -> None:
+    """Yield to the loop (1 ms at a time) until `condition()` holds; fail after `within_s` seconds, quoting the
+    condition (its source line: "the batcher never got there" was said whatever the test waited for). In seconds,
+    as tests/conftest.py's `until` (why there)."""
+    end = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() >= end:
+            try:
+                said = inspect.getsource(condition).strip()
+            except (OSError, TypeError):  # no source (a builtin, or made by exec)
+                said = repr(condition)
+            raise AssertionError(f"{said}: did not hold within {within_s:g} s")
         await asyncio.sleep(0.001)
-    try:
-        said = inspect.getsource(condition).strip()
-    except (OSError, TypeError):  # no source (a builtin, or made by exec)
-        said = repr(condition)
-    raise AssertionError(f"{said}: did not hold after {tries} tries, 1 ms apart")
 
 
 async def ends_with_the_stop(call, read_s: float = 5.0) -> None:
