@@ -62,8 +62,8 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], where: str) -
     for column, name in enumerate(fields, 1):
         if name not in known and name.strip() in known:
             raise ValueError(
-                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(name.strip())}, with no "
-                "white space around it but spaces, tabs and line ends"
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(name.strip())} with no "
+                "white space around it but spaces, tabs and line ends; got other white space"
             )
     by_case = {k.casefold(): k for k in known}
     for column, name in enumerate(fields, 1):
@@ -72,14 +72,14 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], where: str) -
         unquoted = name[1:-1].strip(SPACES) if len(name) > 1 and name[0] == name[-1] == '"' else None
         if unquoted in known:
             raise ValueError(
-                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(unquoted)}, not in quotes "
-                "read as part of the name: a quote opens quoting only first in its field or after spaces"
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(unquoted)} (a quote opens "
+                "quoting only first in its field or after spaces); got it in quotes, read as part of the name"
             )
         # Beside 'size', 'Size' is another column.
         if name.casefold() in by_case and by_case[name.casefold()] not in fields:
             raise ValueError(
-                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(by_case[name.casefold()])}, "
-                "in that case: names are matched case included"
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(by_case[name.casefold()])} "
+                "(names are matched case included); got another case"
             )
     for column, name in enumerate(fields, 1):
         hidden = next((c for c in name if not c.isprintable()), None)

@@ -64,7 +64,7 @@ def _shape_str(shape: Sequence[int]) -> str:
 
 def _wrong_shape(name: str, want: Sequence[int], got: Sequence[int]) -> InvalidInput:
     return InvalidInput(
-        f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), got {_shape_str(got)}"
+        f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any); got {_shape_str(got)}"
     )
 
 
@@ -97,7 +97,7 @@ def _check_ranges(
         if got < least or (most is not None and got > most) or (step != 1 and (got - least) % step):
             raise InvalidInput(
                 f"input '{name}': expected dim {i} of {size_range(least, most, step)} (the sizes model '{model}' was "
-                f"exported for), got {got} in shape {_shape_str(shape)}"
+                f"exported for); got {got} in shape {_shape_str(shape)}"
             )
 
 
@@ -140,7 +140,7 @@ def _ids_refused(name: str, low: int, rows: int, model: str, lo, hi, read: int =
     where = f" in its first {read:,} of {count:,} values (the rest not read)" if read < count else ""
     return InvalidInput(
         f"input '{name}': expected ids in [{low}, {rows}) (the rows of the embedding table model '{model}' "
-        f"looks them up in{ends}), got values from {lo} to {hi}{where}"
+        f"looks them up in{ends}); got values from {lo} to {hi}{where}"
     )
 
 
@@ -293,7 +293,7 @@ def _check_bool_bytes(a: np.ndarray, name: str) -> None:
         flat = int(np.argmax(u8.reshape(-1) > 1))
         index = ", ".join(str(int(i)) for i in np.unravel_index(flat, a.shape))
         raise InvalidInput(
-            f"input '{name}': BOOL values must be bytes 0 or 1 in raw_input_contents, got {u8.reshape(-1)[flat]} "
+            f"input '{name}': expected BOOL values as bytes 0 or 1 in raw_input_contents; got {u8.reshape(-1)[flat]} "
             f"at element {flat} (index [{index}])"
         )
 
@@ -349,8 +349,8 @@ def _contents_in_steps(
         # protocol has no field for FP16 or BF16 at all.
         got = _counted(_fields(contents))
         raise side.error(
-            f"{side.tensor(name)}: datatype {dt.name} must be sent in {side.raw_field} (InferTensorContents has no "
-            f"field for it), got {f'contents: {got}' if got else f'no {side.raw_field}'}"
+            f"{side.tensor(name)}: expected {dt.name} values in {side.raw_field} (InferTensorContents has no "
+            f"field for {dt.name}); got {f'contents: {got}' if got else f'no {side.raw_field}'}"
         )
     values = getattr(contents, dt.contents_field)
     count = math.prod(shape)
@@ -363,7 +363,7 @@ def _contents_in_steps(
         # Only its own field is read: the others' values would be dropped unseen, and which the client meant is a guess.
         got = _counted(others)
         raise side.error(
-            f"{side.tensor(name)}: expected values in {dt.contents_field} alone for {dt.name}, got {got} too, "
+            f"{side.tensor(name)}: expected values in {dt.contents_field} alone for {dt.name}; got {got} too, "
             f"which {dt.name} is not read from"
         )
     if dt.contents_field in _PACKED_TAGS:
@@ -854,7 +854,7 @@ def decode_request(
         i = seen[name]
         t = tensors[i]
         if t.datatype != datatype:
-            raise InvalidInput(f"input '{name}': expected datatype {datatype}, got {_datatype_str(t.datatype)}")
+            raise InvalidInput(f"input '{name}': expected datatype {datatype}; got {_datatype_str(t.datatype)}")
         dims = t.shape
         if len(dims) != len(want) and len(dims) > _SHAPE_STR_DIMS:
             # Before the dims are read one by one: there may be millions of them (_SHAPE_STR_DIMS).
@@ -863,9 +863,9 @@ def decode_request(
         # `len(shape) == len(want)` >= 1 before min() reads it.
         if len(shape) != len(want) or min(shape) < 0 or (fixed is not None and fixed(shape) != sizes):
             if any(s < 0 for s in shape):
-                # A -1 sent back from the metadata would read "expected [-1, 4], got [-1, 4]".
+                # A -1 sent back from the metadata would read "expected [-1, 4]; got [-1, 4]".
                 raise InvalidInput(
-                    f"input '{name}': dims must be >= 0, got {_shape_str(shape)}; -1 is only a wildcard, "
+                    f"input '{name}': expected dims >= 0; got {_shape_str(shape)}; -1 is only a wildcard, "
                     f"in the expected shape {_shape_str(want)} of the model's metadata"
                 )
             raise _wrong_shape(name, want, shape)
@@ -984,7 +984,7 @@ def _request_parameters(params) -> tuple[float | None, int | None]:
         if which not in _INTEGER_PARAMS or getattr(p, which) < 0:
             raise InvalidInput(
                 "parameter 'timeout': expected a non-negative integer of microseconds as int64_param or "
-                f"uint64_param, got {_param_str(p)}"
+                f"uint64_param; got {_param_str(p)}"
             )
         us = getattr(p, which)
         timeout_s = us / 1e6 if us > 0 else None
@@ -996,7 +996,7 @@ def _request_parameters(params) -> tuple[float | None, int | None]:
         if which not in _INTEGER_PARAMS or not 0 <= getattr(p, which) <= MAX_PRIORITY_LEVEL:
             raise InvalidInput(
                 f"parameter 'priority': expected an integer from 0 to {MAX_PRIORITY_LEVEL} as int64_param or "
-                f"uint64_param (1 most urgent, 0 the default), got {_param_str(p)}"
+                f"uint64_param (1 most urgent, 0 the default); got {_param_str(p)}"
             )
         priority = getattr(p, which) or None
     return timeout_s, priority
@@ -1093,15 +1093,17 @@ def _check_datatype(name: str, a: np.ndarray, datatype: str) -> None:
         raise ValueError(f"input '{name}': unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
     if dt.name == "BYTES":
         if a.dtype.kind not in "OSU":
-            raise ValueError(f"input '{name}': datatype BYTES needs an array of object, bytes or str, got {a.dtype}")
+            raise ValueError(
+                f"input '{name}': expected an array of object, bytes or str for datatype BYTES; got {a.dtype}"
+            )
     elif dt.name == "BF16":
         if a.dtype != np.uint16 and not _is_bfloat16(a.dtype):
             raise ValueError(
-                f"input '{name}': datatype BF16 needs an array of uint16 (bfloat16 words) or ml_dtypes.bfloat16, "
-                f"got {a.dtype}"
+                f"input '{name}': expected an array of uint16 (bfloat16 words) or ml_dtypes.bfloat16 for datatype "
+                f"BF16; got {a.dtype}"
             )
     elif a.dtype != dt.numpy:
-        raise ValueError(f"input '{name}': datatype {dt.name} needs an array of {dt.numpy}, got {a.dtype}")
+        raise ValueError(f"input '{name}': expected an array of {dt.numpy} for datatype {dt.name}; got {a.dtype}")
 
 
 def encode_request(
@@ -1141,7 +1143,7 @@ def _whole(value, what: str) -> int:
     timeout of 0.5 µs was sent as 0, which asks for no timeout at all)."""
     number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
     if not number or not float(value).is_integer():
-        raise ValueError(f"{what}: expected a whole number, got {value!r}")
+        raise ValueError(f"{what}: expected a whole number; got {value!r}")
     return int(value)
 
 
@@ -1163,11 +1165,11 @@ def decode_response(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
             )
         dt = DATATYPES.get(t.datatype)
         if dt is None:
-            raise ValueError(f"{OUTPUT.tensor(name)}: expected a V2 datatype, got {_datatype_str(t.datatype)}")
+            raise ValueError(f"{OUTPUT.tensor(name)}: expected a V2 datatype; got {_datatype_str(t.datatype)}")
         shape = tuple(t.shape)
         if shape and min(shape) < 0:
             # numpy would take a -1 for "the rest" and reshape the values to a shape the server did not send.
-            raise ValueError(f"{OUTPUT.tensor(name)}: dims must be >= 0, got {_shape_str(shape)}")
+            raise ValueError(f"{OUTPUT.tensor(name)}: expected dims >= 0; got {_shape_str(shape)}")
         if raw:
             if t.HasField("contents") and (fields := _fields(t.contents)):
                 # Both would be data for one output, the contents read nowhere: which one the server meant is a

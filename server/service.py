@@ -230,7 +230,7 @@ def _at_call_end(callback: Callable[[asyncio.Task], Any]) -> None:
     it ends."""
     task = asyncio.current_task()
     if task is None:  # a handler run outside a task (not grpc.aio 1.85's way): nothing would call it
-        raise RuntimeError(f"expected the call's task to run its handler, got none for {callback!r}")
+        raise RuntimeError(f"expected the call's task to run its handler; got none for {callback!r}")
     task.add_done_callback(callback)
 
 

@@ -760,8 +760,8 @@ def test_a_trace_header_name_with_white_space_other_than_spaces_is_refused_namin
     shown = name.encode("unicode_escape").decode()
     column = header.split(",").index(name) + 1
     assert str(e.value) == (
-        f"{trace}:1: CSV header column {column}, '{shown}': expected '{name.strip()}', with no white space around "
-        "it but spaces, tabs and line ends"
+        f"{trace}:1: CSV header column {column}, '{shown}': expected '{name.strip()}' with no white space around "
+        "it but spaces, tabs and line ends; got other white space"
     )
     trace.write_text(" timestamp\t, size \n0,1\n1,2\n")
     assert load_trace(trace).sizes.tolist() == [1, 2]
@@ -790,16 +790,16 @@ def test_a_trace_header_name_with_a_character_not_printable_is_refused_naming_co
     assert str(e.value) == expected
 
 
-CASE = "in that case: names are matched case included"
-QUOTES = "not in quotes read as part of the name: a quote opens quoting only first in its field or after spaces"
+CASE = "(names are matched case included); got another case"
+QUOTES = "(a quote opens quoting only first in its field or after spaces); got it in quotes, read as part of the name"
 
 
 @pytest.mark.parametrize(
     ("header", "refusal"),
     [
-        ("note,Size,\t timestamp ", f"column 2, 'Size': expected 'size', {CASE}"),
-        ("TIMESTAMP,size", f"column 1, 'TIMESTAMP': expected 'timestamp', {CASE}"),
-        ('timestamp,\t"size"', f"column 2, '\"size\"': expected 'size', {QUOTES}"),
+        ("note,Size,\t timestamp ", f"column 2, 'Size': expected 'size' {CASE}"),
+        ("TIMESTAMP,size", f"column 1, 'TIMESTAMP': expected 'timestamp' {CASE}"),
+        ('timestamp,\t"size"', f"column 2, '\"size\"': expected 'size' {QUOTES}"),
     ],
     ids=["size-case", "timestamp-case", "quoted-after-a-tab"],
 )
@@ -922,11 +922,11 @@ def trace_refusal(trace, text: str) -> str:
 @pytest.mark.parametrize(
     ("text", "refusal"),
     [
-        ("# recorded\n\n#\ntimestamp,Size\n0,1\n", f":4: CSV header column 2, 'Size': expected 'size', {CASE}"),
+        ("# recorded\n\n#\ntimestamp,Size\n0,1\n", f":4: CSV header column 2, 'Size': expected 'size' {CASE}"),
         (
             "\n# recorded\nnote,timestamp\xa0\nx,0\n",
-            ":3: CSV header column 2, 'timestamp\\xa0': expected 'timestamp', with no white space around it but "
-            "spaces, tabs and line ends",
+            ":3: CSV header column 2, 'timestamp\\xa0': expected 'timestamp' with no white space around it but "
+            "spaces, tabs and line ends; got other white space",
         ),
         (
             '# a\n"time\nof day",size\n0,1\n',
@@ -966,7 +966,7 @@ def test_a_trace_header_commented_out_is_read_as_a_header_is(tmp_path):
     their line numbers; a header below a comment that names the columns is the header, as before."""
     trace = tmp_path / "t.csv"
     refusal = trace_refusal(trace, "# a\n#Timestamp,size\n0,1\n")
-    assert refusal == f"{trace}:2: CSV header column 1, 'Timestamp': expected 'timestamp', {CASE}"
+    assert refusal == f"{trace}:2: CSV header column 1, 'Timestamp': expected 'timestamp' {CASE}"
     refusal = trace_refusal(trace, '#timestamp,size,note\n0,1,"a\n# b"\n# c\n1,x,d\n')
     assert refusal == f"{trace}:5: size 'x' is not an integer >= 0"
     fields, header, rows = csv_rows('#timestamp,size,note\n0,1,"a\n# b"\n', ("timestamp", "size"), trace)

@@ -440,17 +440,18 @@ def test_numbers_in_digits_other_than_ascii_are_refused(parse, spec, refusal):
     [
         (
             "size\xa0",
-            "column 1, 'size\\xa0': expected 'size', with no white space around it but spaces, tabs and line ends",
+            "column 1, 'size\\xa0': expected 'size' with no white space around it but spaces, tabs and line ends; got "
+            "other white space",
         ),
         (
             "n,size\u200b",
             "column 2, 'size\\u200b': expected printable characters alone; got U+200B ZERO WIDTH SPACE (category Cf)",
         ),
-        ("n,Size", "column 2, 'Size': expected 'size', in that case: names are matched case included"),
+        ("n,Size", "column 2, 'Size': expected 'size' (names are matched case included); got another case"),
         (
             'n,\t"size"',
-            "column 2, '\"size\"': expected 'size', not in quotes read as part of the name: a quote opens quoting only "
-            "first in its field or after spaces",
+            "column 2, '\"size\"': expected 'size' (a quote opens quoting only first in its field or after spaces); "
+            "got it in quotes, read as part of the name",
         ),
     ],
     ids=["other-white-space", "not-printable", "other-case", "quoted-after-a-tab"],
@@ -518,8 +519,8 @@ def test_an_empirical_csv_header_refusal_names_its_line_and_a_commented_header_i
             parse_sizes(f"empirical:{sizes}")
         refusals.append(str(e.value).removeprefix(f"sizes 'empirical:{sizes}': {sizes}"))
     assert refusals == [
-        ":3: CSV header column 2, 'size\\xa0': expected 'size', with no white space around it but spaces, tabs and "
-        "line ends",
+        ":3: CSV header column 2, 'size\\xa0': expected 'size' with no white space around it but spaces, tabs and "
+        "line ends; got other white space",
         ":2: expected one integer a line, or a CSV header with a 'size' column; got 'n', 'bytes'",
     ]
     sizes.write_text("# observed\n#size, n\n3,0\n# more\n4,1\n")

@@ -1551,7 +1551,7 @@ def test_inputs_refused_past_a_table_say_where_a_datatype_capped_them(tmp_path, 
     said = (
         "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): served, such a request is answered "
         "INVALID_ARGUMENT before it is batched: input 'ids': expected ids in [0, 100) (the rows of the embedding table "
-        "model 'short' looks them up in), got values from "
+        "model 'short' looks them up in); got values from "
     )
     assert said in err and err.count("'short'") == 1, err
 
@@ -1707,7 +1707,7 @@ def test_sizes_a_program_was_not_exported_for_are_refused_as_the_server_refuses_
         "wok profile: the inputs made with --sizes fixed:16: served, such a request is answered INVALID_ARGUMENT "
         "before it is batched: input 'x': expected dim 1 of "
     )
-    assert said in err and "(the sizes model 'ranged' was exported for), got 16 in shape [1, 16]" in err, err
+    assert said in err and "(the sizes model 'ranged' was exported for); got 16 in shape [1, 16]" in err, err
     assert err.count("'ranged'") == 1, err
     assert _profiled(folder, "--sizes", "fixed:8")["batches"][1]["batch_size"] == 4
 

@@ -864,7 +864,7 @@ async def test_bf16_inputs_travel_when_the_caller_names_their_datatype(serve, tm
             with pytest.raises(InferError) as info:
                 await client.infer("half", {"A": words})
             assert info.value.code == CODE.INVALID_ARGUMENT
-            assert info.value.details == "input 'A': expected datatype BF16, got UINT16"
+            assert info.value.details == "input 'A': expected datatype BF16; got UINT16"
             out = await client.infer("half", {"A": words}, datatypes={"A": "BF16"})
             np.testing.assert_array_equal(out["B"], doubled)
             (item,) = [
@@ -886,7 +886,9 @@ async def test_an_array_whose_dtype_is_not_the_named_datatype_is_refused_and_ml_
 
     halves = np.array([[1.0, -2.5, 0.15625]], np.float16)  # as BF16 words these would be other numbers
     typed = np.array([[1.0, -2.5, 0.15625]], ml_dtypes.bfloat16)
-    refused = "input 'A': datatype BF16 needs an array of uint16 (bfloat16 words) or ml_dtypes.bfloat16, got float16"
+    refused = (
+        "input 'A': expected an array of uint16 (bfloat16 words) or ml_dtypes.bfloat16 for datatype BF16; got float16"
+    )
     with pytest.raises(ValueError) as info:
         stream_request({"model": "half", "inputs": {"A": halves}, "datatypes": {"A": "BF16"}}, 0, StreamIds())
     assert str(info.value) == refused

@@ -211,7 +211,7 @@ async def test_fp16_and_bf16_in_typed_contents_are_refused_naming_raw_input_cont
             answer = await stub.ModelInfer(raw)  # the same tensor sent raw is served
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == (
-        f"input 'IN': datatype {datatype} must be sent in raw_input_contents (InferTensorContents has no field for "
-        f"it), got {got}"
+        f"input 'IN': expected {datatype} values in raw_input_contents (InferTensorContents has no field for "
+        f"{datatype}); got {got}"
     )
     assert list(answer.raw_output_contents) == list(raw.raw_input_contents)

@@ -38,7 +38,7 @@ def typed_with_an_extra_field() -> pb.ModelInferRequest:
 
 
 EXTRA_FIELD = (
-    "input 'INPUT0': expected values in fp32_contents alone for FP32, got int_contents (2 values) too, "
+    "input 'INPUT0': expected values in fp32_contents alone for FP32; got int_contents (2 values) too, "
     "which FP32 is not read from"
 )
 
@@ -56,17 +56,17 @@ CASES = {
     "wrong datatype": (
         encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float64)}),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': expected datatype FP32, got FP64",
+        "input 'INPUT0': expected datatype FP32; got FP64",
     ),
     "wrong shape": (
         encode_request("mlp", {"INPUT0": np.ones((1, 255), np.float32)}),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any), got [1, 255]",
+        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any); got [1, 255]",
     ),
     "missing batch dimension": (
         encode_request("mlp", {"INPUT0": np.ones(256, np.float32)}),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any), got [256]",
+        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any); got [256]",
     ),
     "raw length": (
         raw_len_mismatch(),
@@ -166,7 +166,7 @@ async def test_a_shape_of_millions_of_dims_is_refused_in_a_short_message_and_the
     assert isinstance(refused, grpc.aio.AioRpcError), refused
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.details() == (
-        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any), got "
+        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any); got "
         f"[{', '.join(['1'] * 16)}, …] (4,000,000 dims)"
     )
     for r in results:

@@ -197,12 +197,12 @@ RAW_COUNT = (
 CASES = {
     "FP16 in typed contents": (
         typed_fp16(),
-        "input 'H': datatype FP16 must be sent in raw_input_contents (InferTensorContents has no field for it), "
+        "input 'H': expected FP16 values in raw_input_contents (InferTensorContents has no field for FP16); "
         "got contents: fp32_contents (4 values)",
     ),
     "FP16 sent nowhere": (
         fp16_without_values(),
-        "input 'H': datatype FP16 must be sent in raw_input_contents (InferTensorContents has no field for it), "
+        "input 'H': expected FP16 values in raw_input_contents (InferTensorContents has no field for FP16); "
         "got no raw_input_contents",
     ),
     # Accepted before, the empty contents taken for none; Triton refuses any contents beside raw_input_contents.
@@ -224,26 +224,26 @@ CASES = {
     ),
     "an unknown datatype": (
         with_datatype("FP8"),
-        f"input 'X': expected datatype FP32, got 'FP8', which is not a V2 datatype; the V2 datatypes: {ALL}",
+        f"input 'X': expected datatype FP32; got 'FP8', which is not a V2 datatype; the V2 datatypes: {ALL}",
     ),
     "a datatype in lower case": (
         with_datatype("fp32"),
-        "input 'X': expected datatype FP32, got 'fp32', which is not a V2 datatype (the datatypes are upper case: "
+        "input 'X': expected datatype FP32; got 'fp32', which is not a V2 datatype (the datatypes are upper case: "
         f"FP32); the V2 datatypes: {ALL}",
     ),
     "a datatype of control characters": (
         with_datatype("FP\n32\x00"),
-        f"input 'X': expected datatype FP32, got 'FP\\n32\\x00', which is not a V2 datatype; the V2 datatypes: {ALL}",
+        f"input 'X': expected datatype FP32; got 'FP\\n32\\x00', which is not a V2 datatype; the V2 datatypes: {ALL}",
     ),
     "a datatype of 100,000 characters": (
         with_datatype("Q" * 100_000),
-        f"input 'X': expected datatype FP32, got '{'Q' * 40}'… (100,000 characters in all), which is not a V2 "
+        f"input 'X': expected datatype FP32; got '{'Q' * 40}'… (100,000 characters in all), which is not a V2 "
         f"datatype; the V2 datatypes: {ALL}",
     ),
     # Quoted as names are (errors.quoted): in single quotes whatever it holds (repr wrote "it's").
     "a datatype with a quote": (
         with_datatype("it's"),
-        f"input 'X': expected datatype FP32, got 'it's', which is not a V2 datatype; the V2 datatypes: {ALL}",
+        f"input 'X': expected datatype FP32; got 'it's', which is not a V2 datatype; the V2 datatypes: {ALL}",
     ),
     # It ended INTERNAL ("its check (model:check) failed: InvalidInput: ..."), logged with a traceback.
     "a check's InvalidInput": (
@@ -255,15 +255,15 @@ CASES = {
     # Taken for bools as they were: the byte reached the model (numpy, torch) as it was sent.
     "a BOOL byte of 2": (
         flag(bytes([1, 0, 2, 1])),
-        "input 'F': BOOL values must be bytes 0 or 1 in raw_input_contents, got 2 at element 2 (index [0, 2])",
+        "input 'F': expected BOOL values as bytes 0 or 1 in raw_input_contents; got 2 at element 2 (index [0, 2])",
     ),
     "a BOOL byte of 255 in the second row": (
         flag(bytes([0, 1, 0, 1, 1, 255, 2, 0])),
-        "input 'F': BOOL values must be bytes 0 or 1 in raw_input_contents, got 255 at element 5 (index [1, 1])",
+        "input 'F': expected BOOL values as bytes 0 or 1 in raw_input_contents; got 255 at element 5 (index [1, 1])",
     ),
     # Already right, kept as they are: a V2 datatype that is not the input's, and none at all.
-    "another V2 datatype": (with_datatype("FP64"), "input 'X': expected datatype FP32, got FP64"),
-    "no datatype": (with_datatype(""), "input 'X': expected datatype FP32, got (none)"),
+    "another V2 datatype": (with_datatype("FP64"), "input 'X': expected datatype FP32; got FP64"),
+    "no datatype": (with_datatype(""), "input 'X': expected datatype FP32; got (none)"),
 }
 
 

@@ -100,14 +100,14 @@ def test_a_raw_bool_byte_other_than_0_or_1_is_refused_naming_the_first(raw, got)
     with pytest.raises(InvalidInput) as info:
         decode_request(req, identity("BOOL"))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert str(info.value) == f"input 'X': BOOL values must be bytes 0 or 1 in raw_input_contents, {got}"
+    assert str(info.value) == f"input 'X': expected BOOL values as bytes 0 or 1 in raw_input_contents; {got}"
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
 def test_types_without_a_contents_field_must_be_raw(datatype):
     req = pb.ModelInferRequest(model_name="id")
     req.inputs.add(name="X", datatype=datatype, shape=[1, 3])
-    with pytest.raises(InvalidInput, match=f"input 'X': datatype {datatype} must be sent in raw_input_contents"):
+    with pytest.raises(InvalidInput, match=f"input 'X': expected {datatype} values in raw_input_contents"):
         decode_request(req, identity(datatype))
 
 
@@ -176,7 +176,7 @@ def test_a_bad_timeout_or_priority_parameter_names_what_was_got_and_its_kind(key
     with pytest.raises(InvalidInput) as info:
         decode_request(req, identity("FP32"))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got {got}"
+    assert str(info.value) == f"{EXPECTED_PARAM[key]}; got {got}"
 
 
 @pytest.mark.parametrize("key", ["timeout", "priority"])
@@ -186,12 +186,12 @@ def test_a_bad_parameter_out_of_range_or_with_no_value_names_what_was_got(key):
     req.parameters[key].SetInParent()  # present in the map, none of its value fields set
     with pytest.raises(InvalidInput) as info:
         decode_request(req, s)
-    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got no value (none of its fields set)"
+    assert str(info.value) == f"{EXPECTED_PARAM[key]}; got no value (none of its fields set)"
     if key == "priority":
         req.parameters[key].uint64_param = 1_000_001
         with pytest.raises(InvalidInput) as info:
             decode_request(req, s)
-        assert str(info.value) == f"{EXPECTED_PARAM[key]}, got uint64_param 1000001"
+        assert str(info.value) == f"{EXPECTED_PARAM[key]}; got uint64_param 1000001"
 
 
 @pytest.mark.parametrize("key", ["timeout", "priority"])
@@ -201,7 +201,7 @@ def test_a_long_string_parameter_is_cut_in_the_message(key):
     with pytest.raises(InvalidInput) as info:
         decode_request(req, identity("FP32"))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got string_param '{'9' * 40}'… (10,000 characters in all)"
+    assert str(info.value) == f"{EXPECTED_PARAM[key]}; got string_param '{'9' * 40}'… (10,000 characters in all)"
     assert len(str(info.value)) < 300
 
 
@@ -456,7 +456,7 @@ def test_a_negative_dim_is_refused_as_such_not_as_a_shape_that_matches(shape):
         decode_request(req, identity("FP32"))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert str(info.value) == (
-        f"input 'X': dims must be >= 0, got {shape}; -1 is only a wildcard, in the expected shape [-1, 3] "
+        f"input 'X': expected dims >= 0; got {shape}; -1 is only a wildcard, in the expected shape [-1, 3] "
         "of the model's metadata"
     )
 
@@ -476,7 +476,7 @@ def test_a_shape_of_millions_of_dims_is_refused_naming_its_first_dims_and_how_ma
     finally:
         tracemalloc.stop()
     assert str(info.value) == (
-        f"input 'X': expected shape [-1, 3] (batch first, -1 = any), got [{', '.join(['1'] * 16)}, …] (2,000,000 dims)"
+        f"input 'X': expected shape [-1, 3] (batch first, -1 = any); got [{', '.join(['1'] * 16)}, …] (2,000,000 dims)"
     )
     assert peak < 1 << 20, peak  # no Python object per dim
 
@@ -578,7 +578,7 @@ def test_values_in_a_field_beside_the_one_read_are_refused_not_dropped(datatype,
         decode_request(req, identity(datatype))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert str(info.value) == (
-        f"input 'X': expected values in {field} alone for {datatype}, got {got} too, which {datatype} is not read from"
+        f"input 'X': expected values in {field} alone for {datatype}; got {got} too, which {datatype} is not read from"
     )
 
 
@@ -615,12 +615,12 @@ def _contents_refusal(where: str) -> str:
     [
         (
             "a datatype with no field",
-            "input 'X': datatype FP16 must be sent in raw_input_contents (InferTensorContents has no field for it), "
+            "input 'X': expected FP16 values in raw_input_contents (InferTensorContents has no field for FP16); "
             "got contents: int_contents (1 value), fp64_contents (2 values)",
         ),
         (
             "a field beside the one read",
-            "input 'X': expected values in int_contents alone for INT32, got uint_contents (1 value), fp64_contents "
+            "input 'X': expected values in int_contents alone for INT32; got uint_contents (1 value), fp64_contents "
             "(2 values) too, which INT32 is not read from",
         ),
         (
@@ -667,7 +667,7 @@ def test_a_datatype_named_for_an_array_of_another_dtype_is_refused_before_sendin
     # Its bytes would go as they are: float16 1.0 read as bfloat16 is 2.0, int64 1 as FP64 is 5e-324.
     with pytest.raises(ValueError) as info:
         encode_request("id", {"X": array}, datatypes={"X": datatype})
-    assert str(info.value) == f"input 'X': datatype {datatype} needs an array of {expected}, got {array.dtype}"
+    assert str(info.value) == f"input 'X': expected an array of {expected} for datatype {datatype}; got {array.dtype}"
 
 
 def test_an_unknown_datatype_is_refused_before_sending():
@@ -696,10 +696,10 @@ def test_a_timeout_or_priority_that_is_not_whole_is_refused_before_sending_not_c
     # int() made 0.5 µs a timeout of 0, which the server reads as none, and 1.9 µs one of 1.
     x = {"X": np.zeros((1, 3), np.float32)}
     with pytest.raises(
-        ValueError, match=r"^timeout_us \(the clients' server_timeout_us\): expected a whole number, got "
+        ValueError, match=r"^timeout_us \(the clients' server_timeout_us\): expected a whole number; got "
     ):
         encode_request("id", x, timeout_us=value)
-    with pytest.raises(ValueError, match=r"^priority: expected a whole number, got "):
+    with pytest.raises(ValueError, match=r"^priority: expected a whole number; got "):
         encode_request("id", x, priority=value)
 
 
@@ -724,13 +724,13 @@ def test_fixed_dims_around_a_variable_one_are_each_held_to_their_size():
             decode_request(req, s)
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert str(info.value) == (
-            f"input 'X': expected shape [-1, 2, -1, 3] (batch first, -1 = any), got {shape_str(shape)}"
+            f"input 'X': expected shape [-1, 2, -1, 3] (batch first, -1 = any); got {shape_str(shape)}"
         ), shape
     one = identity_dims("FP32", [-1, 4])
     req = pb.ModelInferRequest(model_name="id")
     req.inputs.add(name="X", datatype="FP32", shape=[1, 6, 5])
     req.raw_input_contents.append(b"")
-    with pytest.raises(InvalidInput, match=r"^input 'X': expected shape \[-1, -1, 4\] \(batch first, -1 = any\), got "):
+    with pytest.raises(InvalidInput, match=r"^input 'X': expected shape \[-1, -1, 4\] \(batch first, -1 = any\); got "):
         decode_request(req, one)
 
 

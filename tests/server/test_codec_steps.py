@@ -246,7 +246,7 @@ def checked(n: int, **id_ranges: int) -> Servable:
 
 def refusal(lo, hi, where: str = "", name: str = "X", rows: int = ROWS) -> str:
     return (
-        f"input '{name}': expected ids in [0, {rows}) (the rows of the embedding table model 'id' looks them up in), "
+        f"input '{name}': expected ids in [0, {rows}) (the rows of the embedding table model 'id' looks them up in); "
         f"got values from {lo} to {hi}{where}"
     )
 

@@ -69,7 +69,7 @@ CASES = {
     ),
     "typed values beside another field": (
         typed_answer(fp32_contents=[1.0, 2.0, 3.0], int_contents=[7]),
-        "output 'Y': expected values in fp32_contents alone for FP32, got int_contents (1 value) too, which FP32 is "
+        "output 'Y': expected values in fp32_contents alone for FP32; got int_contents (1 value) too, which FP32 is "
         "not read from",
     ),
     "a typed value out of its type's range": (
@@ -78,12 +78,12 @@ CASES = {
     ),
     "FP16 in typed contents": (
         typed_answer("FP16", fp32_contents=[1.0, 2.0, 3.0]),
-        "output 'Y': datatype FP16 must be sent in raw_output_contents (InferTensorContents has no field for it), "
+        "output 'Y': expected FP16 values in raw_output_contents (InferTensorContents has no field for FP16); "
         "got contents: fp32_contents (3 values)",
     ),
     "BF16 sent nowhere": (
         typed_answer("BF16"),
-        "output 'Y': datatype BF16 must be sent in raw_output_contents (InferTensorContents has no field for it), "
+        "output 'Y': expected BF16 values in raw_output_contents (InferTensorContents has no field for BF16); "
         "got no raw_output_contents",
     ),
     # A numpy ValueError that named nothing ("cannot reshape array of size 2 into shape (1,3)").
@@ -99,13 +99,13 @@ CASES = {
     # KeyError: 'FP8'.
     "an unknown datatype": (
         raw_answer(b"", "FP8"),
-        f"output 'Y': expected a V2 datatype, got 'FP8', which is not a V2 datatype; the V2 datatypes: {V2}",
+        f"output 'Y': expected a V2 datatype; got 'FP8', which is not a V2 datatype; the V2 datatypes: {V2}",
     ),
-    "no datatype": (raw_answer(b"", ""), "output 'Y': expected a V2 datatype, got (none)"),
+    "no datatype": (raw_answer(b"", ""), "output 'Y': expected a V2 datatype; got (none)"),
     # Read as numpy's "the rest": the 6 values came back as [2, 3], a shape the server did not send.
     "a negative dim": (
         raw_answer(np.zeros(6, np.float32).tobytes(), shape=(-1, 3)),
-        "output 'Y': dims must be >= 0, got [-1, 3]",
+        "output 'Y': expected dims >= 0; got [-1, 3]",
     ),
     # Read from raw_output_contents, the contents' values dropped without a word.
     "raw and typed contents for one output": (

@@ -113,7 +113,7 @@ async def test_an_id_past_the_table_is_refused_alone_before_its_batch_and_the_ot
                 assert r.code() == grpc.StatusCode.INVALID_ARGUMENT, r.details()
                 assert r.details() == (
                     f"input 'ids': expected ids in [0, {ROWS}) (the rows of the embedding table model '{name}' looks "
-                    f"them up in), got values {refused[i]}"
+                    f"them up in); got values {refused[i]}"
                 )
             else:
                 np.testing.assert_array_equal(decode_response(r)["out"], expected(ids))
@@ -362,7 +362,7 @@ async def test_table_indexed_by_ids_refuses_ids_past_either_end_and_takes_negati
             assert isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.INVALID_ARGUMENT, r
             assert r.details() == (
                 f"input 'ids': expected ids in [{-ROWS}, {ROWS}) (the rows of the embedding table model 'indexed' "
-                f"looks them up in, a negative id counted from its end), got values {refused[i]}"
+                f"looks them up in, a negative id counted from its end); got values {refused[i]}"
             )
         else:
             np.testing.assert_array_equal(decode_response(r)["out"], expected(ids))
@@ -541,6 +541,6 @@ async def test_a_request_read_in_chunks_is_refused_at_the_chunk_holding_an_id_pa
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == (
         f"input 'ids': expected ids in [{-ROWS}, {ROWS}) (the rows of the embedding table model 'indexed' looks them "
-        f"up in, a negative id counted from its end), got values from 0 to {ROWS} in its first {2 * CONTENTS_CHUNK:,} "
+        f"up in, a negative id counted from its end); got values from 0 to {ROWS} in its first {2 * CONTENTS_CHUNK:,} "
         f"of {n:,} values (the rest not read)"
     )

@@ -755,7 +755,7 @@ async def refusal_after_answers(serve, repo: Path, sizes: tuple[int, ...], refus
 
 def refusal(said: str, refused: int) -> str:
     return (
-        f"input 'INPUT0': expected dim 1 of {said} (the sizes model 'exported' was exported for), got {refused} in "
+        f"input 'INPUT0': expected dim 1 of {said} (the sizes model 'exported' was exported for); got {refused} in "
         f"shape [3, {refused}]"
     )
 
@@ -984,7 +984,7 @@ async def test_a_wrong_shaped_input_to_a_torch_export_model_is_refused_naming_it
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             for shape, said in (
-                ((2, 5), "input 'INPUT0': expected shape [-1, 4] (batch first, -1 = any), got [2, 5]"),
+                ((2, 5), "input 'INPUT0': expected shape [-1, 4] (batch first, -1 = any); got [2, 5]"),
                 ((9, 4), "input 'INPUT0': 9 rows exceed max_batch_size 8 of model 'exported'"),
             ):
                 x = np.zeros(shape, np.float32)

@@ -457,7 +457,7 @@ def test_the_priority_parameter_decodes_and_a_bad_one_names_itself(gated):
     req = encode_request("gated", x)
     req.parameters["priority"].string_param = "high"
     expected = "parameter 'priority': expected an integer from 0 to 1000000 as int64_param or uint64_param "
-    expected += "(1 most urgent, 0 the default), got "
+    expected += "(1 most urgent, 0 the default); got "
     with pytest.raises(InvalidInput) as info:
         decode_request(req, s)
     assert str(info.value) == expected + "string_param 'high'"
