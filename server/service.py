@@ -406,6 +406,24 @@ def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[st
     )
 
 
+class _ModelRaised(Exception):
+    """A BaseException that is no Exception (CancelledError, GeneratorExit, KeyboardInterrupt, SystemExit) raised by
+    the model's code run synchronously on a request's path (its batch key's __hash__ or __eq__, as the batcher queues
+    the request): no cancellation or close of the handler's task but a failure, which the handlers answer and log as
+    that error itself (`_failure`). Raised as it is, a CancelledError ended the call as a cancelled one (a unary call
+    unanswered until its client's deadline, a stream with every answer it owed), and a GeneratorExit reads as the
+    close of the handler's coroutine, which the handlers let through."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
+
+
+def _failure(exc: BaseException) -> BaseException:
+    """The error a handler's unexpected failure `exc` is answered and logged as (_ModelRaised)."""
+    return exc.exc if isinstance(exc, _ModelRaised) else exc
+
+
 class _Stream:
     """An open ModelStreamInfer stream, as the stop sees it."""
 
@@ -696,7 +714,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise
         except BaseException as exc:  # run synchronously: not the task's cancellation (a CancelledError is its own)
             raise servable.batch_key_failed(exc) from exc
-        p = rt.batcher.submit(dec.inputs, dec.rows, key, deadline, dec.priority, count_fail=False)
+        try:
+            p = rt.batcher.submit(dec.inputs, dec.rows, key, deadline, dec.priority, count_fail=False)
+        except Exception:
+            raise
+        except BaseException as exc:
+            # Run synchronously, no cancellation or close of this task: the key's own (its __hash__ or __eq__ as the
+            # batcher queues it), a failure (_ModelRaised).
+            raise _ModelRaised(exc) from exc
         try:
             outputs = await p.future
         except asyncio.CancelledError:
@@ -784,11 +809,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # One whose call's deadline had passed ended as a cancelled call in `infer`, which
             # decides it once, counting it as the client sees it.
             await _abort(context, exc)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # the call's cancellation, or the close of this coroutine (its task destroyed): nothing to answer
         except BaseException as exc:  # a bug, not the request's fault: INTERNAL, and log it
             # A BaseException too: a KeyboardInterrupt or SystemExit out of the handler would end the server's loop
             # (`wok serve` takes its signals through the loop: one here is code's own).
+            exc = _failure(exc)
             self.failure_log(request.model_name).failed(exc, f"ModelInfer for model '{request.model_name}' failed")
             await _abort(context, exc)
 
@@ -814,9 +840,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 # until then (a client reading slowly: up to the stream's window of them).
                 answer = pb.ModelStreamInferResponse(infer_response=resp)
                 results.put_nowait((answer, req.model_name, req.model_version, "OK", time.perf_counter() - begun))
-            except asyncio.CancelledError:
-                raise  # the stream's end, or its call's: no answer is written
+            except (asyncio.CancelledError, GeneratorExit):
+                raise  # the stream's end, or its call's, or this coroutine's close: no answer is written
             except BaseException as exc:  # every request on the stream gets its one answer (ModelInfer: why Base)
+                exc = _failure(exc)
                 if not isinstance(exc, WokError):
                     line = f"ModelStreamInfer request for model '{req.model_name}' failed"
                     self.failure_log(req.model_name).failed(exc, line)

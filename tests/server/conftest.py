@@ -184,6 +184,40 @@ async def until(condition, within_s: float = 15.0) -> None:
         await asyncio.sleep(0.001)
 
 
+async def each_fails_alone(stub, call: str, make, raised: dict[int, BaseException]) -> None:
+    """Send a request of each value in `raised`, each followed by one of 0.5, which fails nothing: one call at a time
+    (`call` "unary") or all on one stream ("stream", which must end OK), each with a 10 s deadline. Each of `raised`'s
+    values is answered INTERNAL, as to_status words the exception it maps to ("internal error: KeyboardInterrupt:
+    ki"), and each 0.5 request its answer. `make(value, request_id)`: the request."""
+    got: dict[int, tuple[str, str]] = {}
+    good: list[tuple[str, str]] = []
+
+    def took(request_id: str, answer: tuple[str, str]) -> None:
+        v, value = request_id.split()
+        if value == "0.5":
+            good.append(answer)
+        else:
+            got[int(v)] = answer
+
+    reqs = [make(value, f"{v} {value}") for v in raised for value in (v, 0.5)]
+    if call == "unary":
+        for req in reqs:
+            try:
+                await stub.ModelInfer(req, timeout=10)
+                took(req.id, ("OK", ""))
+            except grpc.aio.AioRpcError as exc:
+                took(req.id, (exc.code().name, exc.details()))
+    else:
+        stream = stub.ModelStreamInfer(iter(reqs), timeout=10)
+        async for a in stream:
+            number = a.infer_response.parameters["status_code"].int64_param if a.error_message else 0
+            code = next(c for c in grpc.StatusCode if c.value[0] == number)
+            took(a.infer_response.id, (code.name, a.error_message))
+        assert await stream.code() == grpc.StatusCode.OK
+    assert got == {v: ("INTERNAL", f"internal error: {type(e).__name__}: {e}") for v, e in raised.items()}
+    assert good == [("OK", "")] * len(raised)
+
+
 async def ends_with_the_stop(call, read_s: float = 5.0) -> None:
     """The server's stop ended the open stream `call` (health Watch, reflection) itself: UNAVAILABLE
     "server is shutting down", not gRPC's "Cancelling all calls" after its own stop's grace."""

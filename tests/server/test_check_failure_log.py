@@ -20,7 +20,7 @@ from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
-from .conftest import four_wide_config, until
+from .conftest import each_fails_alone, four_wide_config, until
 from .test_repository_check import CHECKED_MODEL, checked_model
 
 BAD = 1e7  # a value BuggyCheck's check fails on
@@ -240,38 +240,9 @@ async def test_a_servables_own_check_raising_a_base_exception_fails_its_request_
     # Not wrapped, on a stream (whose per-request task caught only Exception) a GeneratorExit or CancelledError
     # left its request unanswered, and the stream with it; a KeyboardInterrupt or SystemExit ended the loop.
     s = RaisingCheck(four_wide_config("raising"), nn.Identity())
-    want = {v: ("INTERNAL", f"internal error: {type(e).__name__}: {e}") for v, e in RAISED.items()}
     async with served(s) as (server, stub):
         with caplog.at_level(logging.WARNING):
-            got: dict[int, tuple[str, str]] = {}
-            good: list[tuple[str, str]] = []
-            if call == "unary":
-                for v in RAISED:
-                    for value in (v, 0.5):
-                        try:
-                            await stub.ModelInfer(request(value, model="raising"), timeout=10)
-                            answer = ("OK", "")
-                        except grpc.aio.AioRpcError as exc:
-                            answer = (exc.code().name, exc.details())
-                        if value == 0.5:
-                            good.append(answer)
-                        else:
-                            got[v] = answer
-            else:
-                reqs = [request(value, f"{v} {value}", "raising") for v in RAISED for value in (v, 0.5)]
-                stream = stub.ModelStreamInfer(iter(reqs), timeout=10)
-                async for a in stream:
-                    number = a.infer_response.parameters["status_code"].int64_param if a.error_message else 0
-                    code = next(c for c in grpc.StatusCode if c.value[0] == number)
-                    v, value = a.infer_response.id.split()
-                    answer = (code.name, a.error_message)
-                    if value == "0.5":
-                        good.append(answer)
-                    else:
-                        got[int(v)] = answer
-                assert await stream.code() == grpc.StatusCode.OK
-            assert got == want
-            assert good == [("OK", "")] * len(RAISED)
+            await each_fails_alone(stub, call, lambda value, i: request(value, i, "raising"), RAISED)
             lines = check_lines(caplog)
     what = f"{RaisingCheck.__module__}:{RaisingCheck.__qualname__}.check"
     assert [r.getMessage() for r in lines] == [f"model 'raising': its check ({what}) failed"]
