@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -657,13 +658,29 @@ class BatchTimes(dict):
     cpu_linear: str = "torch"
 
 
-def time_batches(
-    servable: Servable, device: torch.device, cfg: ProfileConfig, pool: KeyedPool, progress: Progress | None = None
-) -> BatchTimes:
-    """Per batch size: the batch times and stage times (seconds) of `repeats` batches, and under "requests" the
-    indices in `pool.requests` of each batch's n requests (`KeyedPool.batch`: all of one batching key; the keys of
-    the timed batches of each size in proportion to the pool's draws, `KeyedPool.plan`)."""
+@contextmanager
+def warmed_executor(servable: Servable, device: torch.device, cfg: ProfileConfig) -> Iterator[Executor]:
+    """The executor the profile times batches on (one instance on `device`), past the server's own start-up warm-up
+    (Executor.warmup), which `wok serve` refuses a model for failing (WarmupError); shut down on leaving. Run before
+    any request is drawn: dims no sample of which fits in memory are refused there in the server's words ("cannot
+    make a sample of zeros"), where drawing the request pool failed first with numpy's MemoryError, a traceback. The
+    batches are then timed on an instance as warm as a served one (its oneDNN kernels built), and a model the server
+    refuses is not profiled where the timed sizes would have passed."""
     executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)), cpu_linear=cfg.cpu_linear)
+    try:
+        executor.warmup()
+        yield executor
+    finally:
+        executor.shutdown()
+
+
+def time_batches(
+    executor: Executor, cfg: ProfileConfig, pool: KeyedPool, progress: Progress | None = None
+) -> BatchTimes:
+    """Per batch size, on the instance of `executor` (`warmed_executor`): the batch times and stage times (seconds) of
+    `repeats` batches, and under "requests" the indices in `pool.requests` of each batch's n requests
+    (`KeyedPool.batch`: all of one batching key; the keys of the timed batches of each size in proportion to the
+    pool's draws, `KeyedPool.plan`)."""
     instance = executor.instances[0]
     rng = np.random.default_rng(cfg.seed)
     sizes = list(dict.fromkeys(cfg.batch_sizes))
@@ -693,35 +710,29 @@ def time_batches(
                 raise BatchFailed(r.failure, n, warmup, answered)
         return batch, r
 
-    try:
-        # The server's own start-up warm-up first, which `wok serve` refuses a model for failing (WarmupError): a model
-        # it refuses was profiled where the timed sizes passed. The batches are then timed on an instance as warm as a
-        # served one (its oneDNN kernels built).
-        executor.warmup()
-        # Its batches of up to 64 rows take oneDNN where the profile's sizes may not (under 4 rows): only the calls
-        # after it say how the profile's batches ran. Kept by chain, not by place in the list: a OneDNNSequential
-        # plans new chains when a hook is registered anywhere (a model that hooks a layer for each call does at each
-        # call), and the warm-up's last chain and the profile's last, 1 call each, read as no call since.
-        warm_calls = {chain: chain.calls for chain in chains(instance.module)}
-        for _ in range(cfg.warmup):
-            for n in sizes:
-                run(n, warmup=True)
-                if progress:
-                    progress(1)
-        for repeat in range(cfg.repeats):
-            for n in sizes:
-                batch, r = run(n, False, None if plans[n] is None else plans[n][repeat])
-                out[n]["requests"].append(batch)
-                out[n]["batch"].append(r.finished - r.started)
-                for k in STAGES:
-                    out[n][k].append(getattr(r.times, k))
-                if progress:
-                    progress(1)
-        # What ran, not what was asked: a torch.export model was recorded as onednn, which it never reaches.
-        ran = any(chain.calls > warm_calls.get(chain, 0) for chain in chains(instance.module))
-        out.cpu_linear = "onednn" if ran else "torch"
-    finally:
-        executor.shutdown()
+    # The start-up warm-up's batches (`warmed_executor`), of up to 64 rows, take oneDNN where the profile's sizes may
+    # not (under 4 rows): only the calls after it say how the profile's batches ran. Kept by chain, not by place in
+    # the list: a OneDNNSequential plans new chains when a hook is registered anywhere (a model that hooks a layer for
+    # each call does at each call), and the warm-up's last chain and the profile's last, 1 call each, read as no call
+    # since.
+    warm_calls = {chain: chain.calls for chain in chains(instance.module)}
+    for _ in range(cfg.warmup):
+        for n in sizes:
+            run(n, warmup=True)
+            if progress:
+                progress(1)
+    for repeat in range(cfg.repeats):
+        for n in sizes:
+            batch, r = run(n, False, None if plans[n] is None else plans[n][repeat])
+            out[n]["requests"].append(batch)
+            out[n]["batch"].append(r.finished - r.started)
+            for k in STAGES:
+                out[n][k].append(getattr(r.times, k))
+            if progress:
+                progress(1)
+    # What ran, not what was asked: a torch.export model was recorded as onednn, which it never reaches.
+    ran = any(chain.calls > warm_calls.get(chain, 0) for chain in chains(instance.module))
+    out.cpu_linear = "onednn" if ran else "torch"
     return out
 
 
@@ -789,12 +800,15 @@ def _served(servable: Servable, exc: Exception, where: str) -> str:
 
 def _told(servable: Servable, exc: ModelExecutionError | InvalidInput) -> str:
     """A batch's failure as the profile tells it: the model's (its line names the model), or its assemble's refusal
-    (wok's InvalidInput, whose text need not name the model; named once where it does)."""
+    (wok's InvalidInput, whose text need not name the model; named once where it does). Either is the details a
+    client of the server gets for it (`errors.to_status`), and cut as the server cuts them (`service.short_details`):
+    a model's message of 1 MB, one line, was printed whole."""
+    details = short_details(to_status(exc)[1])
     if isinstance(exc, InvalidInput):
-        if _names_model(servable, str(exc)):
-            return f"refused as it was assembled (INVALID_ARGUMENT): {exc}"
-        return f"model '{servable.name}' refused it as it was assembled (INVALID_ARGUMENT): {exc}"
-    return str(exc)
+        if _names_model(servable, details):
+            return f"refused as it was assembled (INVALID_ARGUMENT): {details}"
+        return f"model '{servable.name}' refused it as it was assembled (INVALID_ARGUMENT): {details}"
+    return details
 
 
 def _batch_refused(
@@ -816,7 +830,10 @@ def _batch_refused(
         )
     exc = failed.error
     alone = " (some of its requests alone too)" if failed.size > 1 else ""
-    told = _served(servable, exc, "as its batch is assembled") if isinstance(exc, InvalidInput) else exc
+    if isinstance(exc, InvalidInput):
+        told = _served(servable, exc, "as its batch is assembled")
+    else:
+        told = _told(servable, exc)
     return _inputs_refused(servable, cfg, drawn_below, f"{batch} failed{alone}: {told}")
 
 
@@ -859,27 +876,30 @@ def profile(
     except ModelExecutionError as exc:  # CUDA asked for and absent
         raise ValueError(f"--device: {exc}") from None
     sizes = list(dict.fromkeys(cfg.batch_sizes))
-    pool = keyed_pool(servable, cfg, max(256, 4 * max(sizes)), max(sizes))
-    high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
-    capped = _type_capped(servable, high, by_input)
-    refused = _check_as_served(servable, pool.requests)
-    if refused is not None:
-        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), refused))
-    never = [n for n in sizes if not pool.allowed(n)]
-    if never:
-        raise ValueError(
-            f"model '{servable.name}': the server batches only requests of one batching key, and none of the "
-            f"{len(pool.groups)} keys of the {len(pool.keys)} requests drawn with --sizes {cfg.sizes} had "
-            f"{never[0]} requests after {pool.extra_draws} draws more (the most: {pool.most}): batches of {never[0]} "
-            "would hardly ever form; give smaller --batch-sizes, or --sizes with fewer distinct sizes"
-        )
-    roof = roofline_of(device)
     try:
-        times = time_batches(servable, device, cfg, pool, progress)
+        with warmed_executor(servable, device, cfg) as executor:
+            pool = keyed_pool(servable, cfg, max(256, 4 * max(sizes)), max(sizes))
+            high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
+            capped = _type_capped(servable, high, by_input)
+            refused = _check_as_served(servable, pool.requests)
+            if refused is not None:
+                raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), refused))
+            never = [n for n in sizes if not pool.allowed(n)]
+            if never:
+                raise ValueError(
+                    f"model '{servable.name}': the server batches only requests of one batching key, and none of the "
+                    f"{len(pool.groups)} keys of the {len(pool.keys)} requests drawn with --sizes {cfg.sizes} had "
+                    f"{never[0]} requests after {pool.extra_draws} draws more (the most: {pool.most}): batches of "
+                    f"{never[0]} would hardly ever form; give smaller --batch-sizes, or --sizes with fewer distinct "
+                    "sizes"
+                )
+            roof = roofline_of(device)
+            try:
+                times = time_batches(executor, cfg, pool, progress)
+            except BatchFailed as failed:
+                raise ValueError(_batch_refused(servable, cfg, (high, by_input, capped), failed)) from None
     except WarmupError as exc:  # the server's words: `wok serve` says "wok: {exc}" and exits 2
         raise ValueError(f"wok serve refuses the model at its start: {exc}") from None
-    except BatchFailed as failed:
-        raise ValueError(_batch_refused(servable, cfg, (high, by_input, capped), failed)) from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
     keys = {n: [pool.key_of(b) for b in times[n]["requests"]] for n in sizes}

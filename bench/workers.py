@@ -575,16 +575,24 @@ class WorkerProcesses:
                 # without the main guard, which each worker runs again and fails in; an OOM kill)
                 # left the write blocked for good (multiprocessing keeps the worker's end of that pipe
                 # open while it writes), Ctrl-C and SIGTERM held with it: only SIGKILL ended the bench.
-                p = self._ctx.Process(target=_main, args=(child, self._stop), daemon=True)
-                new_procs.append(p)
-                _start_held(p)
-                child.close()  # the worker's end: with it closed here, a dead worker reads as EOF
                 new_conns.append(parent)
+                try:
+                    p = self._ctx.Process(target=_main, args=(child, self._stop), daemon=True)
+                    new_procs.append(p)
+                    _start_held(p)
+                finally:
+                    child.close()  # the worker's end: with it closed here, a dead worker reads as EOF
             for c, p in zip(new_conns, new_procs):
                 if (word := _from_worker(c, p, "start")) != STARTED:
                     raise RuntimeError(f"bench worker {p.pid} said {word!r} as it started; expected {STARTED!r}")
         except BaseException:
-            _end(new_procs, terminate=True)
+            # Their pipes too, also when `_end` raises (a second Ctrl-C): no one else holds them, and they were left
+            # open until collected.
+            try:
+                _end(new_procs, terminate=True)
+            finally:
+                for c in new_conns:
+                    c.close()
             raise
         self._conns += new_conns
         self._procs += new_procs
@@ -768,12 +776,16 @@ class WorkerPool:
                     # Else read as a step's outcome, an AttributeError far from its cause.
                     raise RuntimeError(f"bench worker {p.pid} said {word!r} as it connected; expected 'ready'")
         except BaseException:
-            # Terminated, not handed back as they are: a worker may be connecting, its "ready" not yet read.
-            _end(self._procs, terminate=True)
-            if taken:
-                self._processes.give_back()
-            if self._own:
-                self._processes.stop()
+            # Terminated, not handed back as they are: a worker may be connecting, its "ready" not yet read. Handed
+            # back and the own processes stopped also when `_end` raises (a second Ctrl-C): else the kept ones stayed
+            # lent (the next ramp's take refused), and the own ones' pipes open.
+            try:
+                _end(self._procs, terminate=True)
+            finally:
+                if taken:
+                    self._processes.give_back()
+                if self._own:
+                    self._processes.stop()
             raise
 
     def __len__(self) -> int:

@@ -44,6 +44,12 @@ def _pool(servable, n: int, sizes: str = "fixed:16") -> list[dict[str, np.ndarra
     return request_pool(servable, ProfileConfig(batch_sizes=[1, 2], sizes=sizes), n)
 
 
+def _timed(servable, cfg: ProfileConfig, pool) -> profiler.BatchTimes:
+    """`time_batches` on the executor the profile times on: past the server's start-up warm-up, on the CPU."""
+    with profiler.warmed_executor(servable, CPU, cfg) as executor:
+        return profiler.time_batches(executor, cfg, pool)
+
+
 # ---------------------------------------------------------------------------- mlp
 
 
@@ -194,7 +200,7 @@ def test_count_timed_weights_each_timed_batch_as_timed():
     model = PaddedLinear()
     cfg = ProfileConfig(batch_sizes=[1, 3], warmup=0, repeats=20, sizes="uniform:2:4")
     pool = profiler.keyed_pool(model, cfg, 256, 3)
-    times = profiler.time_batches(model, CPU, cfg, pool)
+    times = _timed(model, cfg, pool)
     for n in (1, 3):
         batches = times[n]["requests"]
         assert len(batches) == 20
@@ -204,7 +210,7 @@ def test_count_timed_weights_each_timed_batch_as_timed():
         assert work.flops == pytest.approx(exact)
     cfg = ProfileConfig(batch_sizes=[1, 3], warmup=0, repeats=40, sizes="uniform:1:30")
     pool = profiler.keyed_pool(model, cfg, 256, 3)
-    batches = profiler.time_batches(model, CPU, cfg, pool)[1]["requests"]
+    batches = _timed(model, cfg, pool)[1]["requests"]
     work, counted = profiler.count_timed(model, CPU, pool.requests, batches)
     exact = np.mean([_padded_flops([pool.requests[i] for i in b]) for b in batches])
     assert counted == profiler.COUNTED_BATCHES
@@ -233,7 +239,7 @@ def test_timed_batches_are_of_one_bucket_each_padded_to_its_longest(tmp_path):
     model = BucketedLinear()
     cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=30, sizes=f"empirical:{sizes}")
     pool = profiler.keyed_pool(model, cfg, 256, 4)
-    times = profiler.time_batches(model, CPU, cfg, pool)
+    times = _timed(model, cfg, pool)
     for n in (1, 4):
         batches = times[n]["requests"]
         padded = []
@@ -271,7 +277,7 @@ def test_each_size_times_the_keys_in_the_pools_proportions(tmp_path):
     pool = profiler.keyed_pool(model, cfg, 256, 4, most_draws=0)
     share = {key: pool.keys.count(key) / 256 for key in pool.groups}
     assert share.keys() == {8, 16}
-    times = profiler.time_batches(model, CPU, cfg, pool)
+    times = _timed(model, cfg, pool)
     for n in (1, 4):
         timed = [length_bucket(_lengths(pool, b)[0], 16) for b in times[n]["requests"]]
         for key in (8, 16):
@@ -1627,7 +1633,7 @@ def test_a_batch_the_model_failed_is_no_timed_batch(tmp_path):
     failing = [r for r in pool.requests if r["ids"].max() >= 75]
     assert failing and len(failing) < len(pool.requests)  # a timed batch of 2 holds one, most likely
     with pytest.raises(profiler.BatchFailed) as refused:
-        profiler.time_batches(servable, CPU, cfg, pool)
+        _timed(servable, cfg, pool)
     failed = refused.value
     assert isinstance(failed.error, ModelExecutionError) and (failed.size, failed.warmup, failed.answered) == (
         2,
@@ -1940,6 +1946,93 @@ def test_a_model_wok_serve_refuses_at_its_start_is_refused_in_the_servers_words(
     assert main(["profile", "cold", "--model-repository", str(folder.parent), *fast]) == 2
     err = capsys.readouterr().err
     assert err.endswith(f"\nwok profile: wok serve refuses the model at its start: {served}\n"), err
+
+
+IDENTITY_MODEL = """
+from torch import nn
+
+
+def build(**parameters):
+    return nn.Identity()
+"""
+
+
+def test_dims_no_sample_of_which_fits_in_memory_are_refused_in_the_servers_words(tmp_path, capsys):
+    """An input of 10^12 x 10^12 values: `wok serve` refuses the model at its start, its warm-up unable to make a
+    sample of zeros of it (exit 2); the profile drew its request pool first, and numpy's error ended it in a traceback
+    (exit 1). It runs the server's warm-up before it draws a request, and refuses the model in the server's words. Too
+    big for any machine: numpy refuses it without asking the system for memory, which may overcommit."""
+    from wok.errors import WarmupError
+    from wok.executor import Executor
+
+    folder = write_python_model(tmp_path / "repo" / "huge", IDENTITY_MODEL, 4, dims="1000000000000, 1000000000000")
+    huge = load_servable(folder)
+    executor = Executor(huge, huge.config.instances)
+    try:
+        with pytest.raises(WarmupError) as failed:
+            executor.warmup()
+    finally:
+        executor.shutdown()
+    served = str(failed.value)
+    assert "cannot make a sample of zeros for input 'INPUT0', shape [1, 1000000000000, 1000000000000]" in served
+    fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "huge", "--model-repository", str(folder.parent), *fast]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"\nwok profile: wok serve refuses the model at its start: {served}\n"), err
+
+
+LOUD_MODEL = """
+import torch
+from torch import nn
+
+
+class Loud(nn.Module):
+    def forward(self, x):
+        if FAILS and x.any():  # data only: the start-up warm-up's zeros pass
+            raise RuntimeError("the model's own refusal, " + "x" * 1_000_000)
+        return x * 2
+
+
+def build(**parameters):
+    return Loud()
+"""
+
+
+@pytest.mark.parametrize(
+    ("fails", "said"),
+    [
+        ("True", "the inputs made with --sizes fixed:4: a batch of 1 failed: "),
+        ("x.shape[0] >= 2", "a batch of 2 failed, though the model answered each of its requests rerun in smaller"),
+        # Under the counting's no_grad, not the executor's inference_mode: the timing passes, the counting fails.
+        ("not torch.is_inference_mode_enabled()", "counting the FLOPs and bytes of a batch of 1 failed, a batch the "),
+    ],
+    ids=["alone", "its-size", "counting"],
+)
+async def test_a_models_long_message_is_cut_as_a_clients_details_are(tmp_path, serve, fails, said):
+    """A model failing a batch with a message of 1 MB: the profile's refusal printed it whole (a batch of 1 failing,
+    a batch failing for its size, the counting failing), where the server cuts what its client gets of that message
+    (`service.short_details`). The refusal ends in the client's details, the same cut."""
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    write_python_model(tmp_path / "served" / "loud", LOUD_MODEL.replace("FAILS", "True"), 4)
+    async with (
+        serve(models=(), repository=tmp_path / "served") as server,
+        aioclient.InferenceServerClient(f"127.0.0.1:{server.port}") as client,
+    ):
+        tensor = aioclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        with pytest.raises(InferenceServerException) as info:
+            await client.infer("loud", [tensor])
+    details = info.value.message()
+    assert details.startswith("model 'loud' failed: RuntimeError: the model's own refusal, xxx"), details[:100]
+    assert details.endswith(" characters in all)") and len(details) < 4096, details[-100:]
+    folder = write_python_model(tmp_path / "repo" / "loud", LOUD_MODEL.replace("FAILS", fails), 4)
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=2, sizes="fixed:4", cpu_linear="torch")
+    with pytest.raises(ValueError) as refused:
+        profiler.profile(load_servable(folder), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    told = str(refused.value)
+    assert said in told and told.endswith(f": {details}"), told[:300]
 
 
 class KeyedByTask(PaddedLinear):

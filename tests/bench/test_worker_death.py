@@ -558,3 +558,67 @@ def test_a_signal_as_the_workers_are_killed_still_kills_and_reaps_those_after_it
         del procs[0].kill
         _kill_left(procs)
         processes.stop()
+
+
+def test_a_take_that_fails_closes_the_pipes_of_the_workers_it_started():
+    """A Ctrl-C as `take` waited for its second new worker to start: both workers were ended, but their pipes, which
+    nothing else holds, were left open until garbage collection."""
+    processes = WorkerProcesses().start()
+    real = workers._from_worker
+    seen: list = []
+
+    def interrupted(conn, process, stage: str) -> object:
+        seen.append((conn, process))
+        if len(seen) == 2:
+            raise KeyboardInterrupt("SIGINT")  # as the CLI's handler raises it, in the wait
+        return real(conn, process, stage)
+
+    workers._from_worker = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            processes.take(2)
+        assert [c.closed for c, _ in seen] == [True, True]
+        assert [p.exitcode is not None for _, p in seen] == [True, True]
+        assert len(processes) == 0
+    finally:
+        workers._from_worker = real
+        _kill_left([p for _, p in seen])
+        processes.stop()
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own-processes", "kept-processes"])
+def test_a_second_ctrl_c_as_a_failed_pool_ends_its_workers_still_hands_them_back(own):
+    """A Ctrl-C as a pool waited for its workers to connect, and a second as it ended them (`_end` raising): the kept
+    workers' WorkerProcesses was never handed them back (the next ramp's take refused: "still lent"), and a pool's own
+    were never stopped (their pipes left open)."""
+    processes = None if own else WorkerProcesses().start()
+    real_from, real_end = workers._from_worker, workers._end
+    started: list = []
+
+    def from_worker(conn, process, stage: str) -> object:
+        if stage == "connect":
+            raise KeyboardInterrupt("SIGINT")
+        started.append((conn, process))
+        return real_from(conn, process, stage)
+
+    def end(procs: list, terminate: bool = False) -> None:
+        real_end(procs, terminate)
+        raise KeyboardInterrupt("SIGINT again")
+
+    workers._from_worker, workers._end = from_worker, end
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            WorkerPool("127.0.0.1:1", [b""], 2, processes=processes)
+        workers._from_worker, workers._end = real_from, real_end
+        assert len(started) == 2 and all(p.exitcode is not None for _, p in started)
+        if own:
+            assert [c.closed for c, _ in started] == [True, True]  # its processes stopped
+        else:
+            conns, _, _ = processes.take(1)  # handed back, the ended workers replaced
+            processes.give_back()
+            assert conns[0] not in [c for c, _ in started]
+    finally:
+        workers._from_worker, workers._end = real_from, real_end
+        _kill_left([p for _, p in started])
+        if processes is not None:
+            processes.stop()

@@ -22,6 +22,8 @@ from wok.errors import DeadlineExceeded, DeadlineUnmeetable
 from wok.policy import SloPolicy
 from wok.stats import ModelStats
 
+from .conftest import until
+
 MS = 1e-3
 
 
@@ -41,14 +43,6 @@ def batcher(executor, slo_ms, max_batch_size, alpha_ms, beta_ms, *, start=True, 
 
 def submit(b: Batcher, rows=1, key=None, deadline=None, priority=None):
     return b.submit({"INPUT0": np.ones((rows, 4), np.float32)}, rows, key, deadline, priority)
-
-
-async def until(condition) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("the batcher never got there")
 
 
 def finish_all(b: Batcher, *ps) -> None:

@@ -31,6 +31,8 @@ from wok.stats import ModelStats
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
+from .conftest import until
+
 MS = 1e-3
 # WALL_WINDOW: the tests marked `serial` (run alone, after the parallel pass: tests/conftest.py) need the test or the
 # batcher to act within a window of wall time that a second worker's load could close: three arrivals within about
@@ -713,13 +715,6 @@ async def test_the_priority_parameter_reaches_the_batcher_and_a_bad_one_is_inval
             def call(rows: int, priority: int | None):
                 x = {"INPUT0": np.ones((rows, 4), np.float32)}
                 return asyncio.ensure_future(stub.ModelInfer(encode_request("gated", x, priority=priority)))
-
-            async def until(condition) -> None:
-                for _ in range(5000):
-                    if condition():
-                        return
-                    await asyncio.sleep(0.001)
-                raise AssertionError("the server never got there")
 
             module.gate.clear()
             ran_before = len(module.batch_sizes)
