@@ -585,7 +585,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(r), "a number")
             raise ValueError(f"{name}: expected a wok.bench result, a JSON object; got {got}")
         if r.get("schema") not in analysis.READ_SCHEMAS:
-            raise ValueError(f"{name}: schema {r.get('schema')!r}, expected {readable}")
+            raise ValueError(f"{name}: expected schema {readable}; got {r.get('schema')!r}")
         if (r.get("config") or {}).get("source") != "bench":
             raise ValueError(f"{name}: only measured ramps (config.source 'bench') merge")
     schemas = {r["schema"] for r in results}

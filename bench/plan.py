@@ -539,7 +539,7 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     doc = _load_json(path, option)
     schema = doc.get("schema")
     if not (isinstance(schema, str) and schema.startswith("wok.profile/")):
-        raise ValueError(f"{option} {path}: schema is {schema!r}, expected 'wok.profile/1'")
+        raise ValueError(f"{option} {path}: expected schema 'wok.profile/1'; got {schema!r}")
     if schema != "wok.profile/1":
         raise ValueError(f"{option} {path}: schema {schema!r} is newer than the wok.profile/1 this planner reads")
     fit = doc.get("fit")
@@ -604,7 +604,7 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     file = f"{option} {path}"
     if doc.get("schema") not in RAMP_SCHEMAS:
         expected = " or ".join(map(repr, RAMP_SCHEMAS))
-        raise ValueError(f"{file}: schema is {doc.get('schema')!r}, expected {expected}")
+        raise ValueError(f"{file}: expected schema {expected}; got {doc.get('schema')!r}")
     best = doc.get("max_qps_under_slo")
     if best is None:
         raise ValueError(f"{file}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")

@@ -444,7 +444,7 @@ def read_run(path: Path) -> dict:
     """A finished run's document (`wok.slocompare/1`), for --replot; a ValueError says why not, after the path."""
     doc = read_json_object(path)
     if doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+        raise ValueError(f"{path}: expected schema {SCHEMA!r}; got {doc.get('schema')!r}")
     if not isinstance(doc.get("runs"), list) or not isinstance(doc.get("config"), dict):
         raise ValueError(f"{path}: not a whole run; expected its runs and config")
     return doc

@@ -1206,7 +1206,7 @@ def read_run(path: Path) -> dict:
     """A finished run (`wok.tunecheck/1`, `/2` or `/3`) for --markdown; a ValueError says why not, after the path."""
     doc = read_json_object(path)
     if doc.get("schema") not in READ_SCHEMAS:
-        raise ValueError(f"{path}: schema is {doc.get('schema')!r}, expected one of {', '.join(READ_SCHEMAS)}")
+        raise ValueError(f"{path}: expected schema one of {', '.join(READ_SCHEMAS)}; got {doc.get('schema')!r}")
     # A run stopped before its first calibration or its search (`error`) has them null: nothing to show.
     missing = [k for k in ("config", "host", "overhead", "tuned_setting", "runs", "verdict") if doc.get(k) is None]
     if missing:

@@ -75,14 +75,14 @@ def unsupported_reason(server: grpc.aio.Server, cygrpc: Any = None, version: str
     for name, expected in _SIGNATURES.items():
         got = _parameters(getattr(cygrpc, name, None))
         if got != expected:
-            return f"grpcio {grpc.__version__}: {name} takes {got}, expected {expected}"
+            return f"grpcio {grpc.__version__}: {name}: expected parameters {expected}; got {got}"
     return None
 
 
 def check_method_name(method: str) -> None:
     """Raise ValueError unless `method` is a fully qualified gRPC method name, as grpc.aio looks handlers up by."""
     if not method.startswith("/") or method.count("/") != 2:
-        raise ValueError(f"method name must be '/package.Service/Method' (got {method!r})")
+        raise ValueError(f"method name: expected '/package.Service/Method'; got {method!r}")
 
 
 class AcceptTasks:
@@ -103,7 +103,7 @@ class AcceptTasks:
     ) -> None:
         """`handlers` maps fully qualified method names ('/package.Service/Method') to their handlers."""
         if tasks_per_method < 0:
-            raise ValueError(f"tasks_per_method must be >= 0 (got {tasks_per_method})")
+            raise ValueError(f"tasks_per_method: expected >= 0; got {tasks_per_method}")
         for method in handlers:
             check_method_name(method)
         self._server = server

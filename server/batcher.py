@@ -500,10 +500,11 @@ class Batcher:
         self.check_room()
         if rows > self.configured_max_batch_size:  # the codec checks it; a direct caller may not
             raise InvalidInput(
-                f"{rows} rows exceed max_batch_size {self.configured_max_batch_size} of model '{self.name}'"
+                f"model '{self.name}': expected at most {self.configured_max_batch_size} rows in a request (its "
+                f"max_batch_size); got {rows}"
             )
         if rows < 1:  # likewise: queued, it would run a batch of nothing, or (slo) never be due
-            raise InvalidInput(f"{rows} rows in a request to model '{self.name}'; expected at least 1")
+            raise InvalidInput(f"model '{self.name}': expected at least 1 row in a request; got {rows}")
         now = time.perf_counter()
         level = priority or self.default_level
         slo = self.slo

@@ -270,8 +270,8 @@ def array_from_raw(
     expected = count * dt.itemsize
     if len(raw) != expected:
         raise side.error(
-            f"{side.tensor(name)}: raw content is {len(raw)} bytes, expected {expected} "
-            f"(shape {_shape_str(shape)} of {dt.name}, {dt.itemsize} bytes each)"
+            f"{side.tensor(name)}: expected {expected} bytes of raw content (shape {_shape_str(shape)} of {dt.name}, "
+            f"{dt.itemsize} bytes each); got {len(raw)} bytes"
         )
     a = np.frombuffer(raw, dtype=dt.numpy).reshape(shape)
     if dt.name == "BOOL" and side is INPUT:
@@ -303,8 +303,8 @@ def _count_mismatch(
 ) -> str:
     # Values in another field (FP64 ones in int64_contents) look like no data at all: name where they are.
     msg = (
-        f"{side.tensor(name)}: contents hold {got} values, expected {math.prod(shape)} (shape {_shape_str(shape)}) "
-        f"in {dt.contents_field} for {dt.name}, or the tensor in {side.raw_field}"
+        f"{side.tensor(name)}: expected {math.prod(shape)} values (shape {_shape_str(shape)}) in {dt.contents_field} "
+        f"for {dt.name}, or the tensor in {side.raw_field}; got {got} values"
     )
     others = [f"{field} holds {n} values" for field, n in _other_fields(contents, dt)]
     if others:
@@ -458,8 +458,8 @@ def _chunk(it, dt: Datatype, n: int, start: int, name: str, side: _Side) -> np.n
         if outside.any():
             k = int(outside.argmax())
             raise side.error(
-                f"{side.tensor(name)}: value {int(wide[k])} (element {start + k}) does not fit {dt.name}, "
-                f"expected {info.min} to {info.max}"
+                f"{side.tensor(name)}: expected {dt.name} values from {info.min} to {info.max}; got {int(wide[k])} "
+                f"(element {start + k})"
             )
         return wide.astype(dt.numpy)
     try:
@@ -472,7 +472,9 @@ def _chunk(it, dt: Datatype, n: int, start: int, name: str, side: _Side) -> np.n
         else:
             span = f"{float(np.finfo(dt.numpy).min):g} to {float(np.finfo(dt.numpy).max):g}"
         where = f"element {start}" if n == 1 else f"among elements {start} to {start + n - 1}"
-        raise side.error(f"{side.tensor(name)}: a value ({where}) does not fit {dt.name}, expected {span}") from None
+        raise side.error(
+            f"{side.tensor(name)}: expected {dt.name} values from {span}; got one out of range ({where})"
+        ) from None
 
 
 def _finish(steps: Generator[None, None, np.ndarray]) -> np.ndarray:
@@ -876,13 +878,14 @@ def decode_request(
             raise InvalidInput(f"input '{name}': batch dimension is 0; send at least one row")
         if n > cfg.max_batch_size:
             raise InvalidInput(
-                f"input '{name}': {n} rows exceed max_batch_size {cfg.max_batch_size} of model '{model}'"
+                f"input '{name}': expected at most {cfg.max_batch_size} rows (max_batch_size of model '{model}'); "
+                f"got {n}"
             )
         if rows is None:
             rows = n
         elif n != rows:
             first = cfg.inputs[0].name
-            raise InvalidInput(f"input '{name}' has {n} rows, input '{first}' has {rows}; they must match")
+            raise InvalidInput(f"input '{name}': expected {rows} rows, as many as input '{first}' has; got {n}")
         if t.parameters and SHARED_MEMORY in t.parameters:
             # Triton's clients send such an input with no data of its own: say why, not "0 values".
             raise InvalidInput(

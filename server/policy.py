@@ -74,7 +74,7 @@ def read_profile_fit(path: Path) -> tuple[float, float]:
         raise ValueError(f"cannot read profile {path}: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"profile {path}: schema is {got!r}, expected {PROFILE_SCHEMA!r}")
+        raise ValueError(f"profile {path}: expected schema {PROFILE_SCHEMA!r}; got {got!r}")
     try:
         alpha, beta = doc["fit"]["alpha_s"], doc["fit"]["beta_s"]
     except (KeyError, TypeError) as exc:

@@ -758,12 +758,12 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
             # A Servable carries a config of its own: serving it would silently drop this
             # model's config file (its name, inputs, batching, instances and weights).
             raise ConfigError(
-                f"{source}: factory {cfg.factory!r} returned a Servable (model '{made.name}' with its own "
-                f"config), expected an nn.Module: a repository model is configured by its config file"
+                f"{source}: factory {cfg.factory!r}: expected an nn.Module as its result (a repository model is "
+                f"configured by its config file); got a Servable (model '{made.name}' with its own config)"
             )
         if not isinstance(made, nn.Module):
             raise ConfigError(
-                f"{source}: factory {cfg.factory!r} returned {type(made).__name__}, expected an nn.Module"
+                f"{source}: factory {cfg.factory!r}: expected an nn.Module as its result; got {type(made).__name__}"
             )
         module = made
     else:

@@ -1118,8 +1118,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 context,
                 InvalidInput(
                     f"'repository_name' specification is not supported: wok serves one set of models, chosen at "
-                    f"start (--model-repository, --models); send RepositoryIndex without repository_name "
-                    f"(got {quoted_name(request.repository_name)})"
+                    f"start (--model-repository, --models); expected RepositoryIndex without repository_name; "
+                    f"got {quoted_name(request.repository_name)}"
                 ),
             )
         if (not_serving := self._not_serving()) is not None:

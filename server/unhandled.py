@@ -53,7 +53,7 @@ class UnhandledCalls(grpc.aio.ServerInterceptor):
         for method in self.methods:
             check_method_name(method)
         if sweep_at < 1:
-            raise ValueError(f"sweep_at must be >= 1 (got {sweep_at})")
+            raise ValueError(f"sweep_at: expected >= 1; got {sweep_at}")
         self._record = record
         # Passed to current_task: without it, each call would ask for the running loop first.
         self._loop = asyncio.get_running_loop()

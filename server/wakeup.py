@@ -51,7 +51,7 @@ def _find(loop: asyncio.AbstractEventLoop, cygrpc: Any) -> tuple[Any, Any] | str
         if type(o) is bound_type and getattr(o, "loop", None) is loop and _is_open(getattr(o, "read_socket", None))
     ]
     if len(bindings) != 1:
-        return f"found {len(bindings)} open bindings of gRPC's poller to this loop, expected 1"
+        return f"expected 1 open binding of gRPC's poller to this loop; got {len(bindings)}"
     sock = bindings[0].read_socket
     queues = [o for o in gc.get_referrers(sock) if type(o) is poller_type]
     if len(queues) != 1 or not callable(getattr(queues[0], "_handle_events", None)):

@@ -349,7 +349,9 @@ def test_parts_of_both_schema_versions_do_not_merge_and_one_versions_parts_keep_
     assert merge_results(olds)["schema"] == "wok.bench/1"
     assert merge_results(parts)["schema"] == "wok.bench/2"
     unknown = {**json.loads(json.dumps(parts[1])), "schema": "wok.bench/3"}
-    with pytest.raises(ValueError, match=r"b\.json: schema 'wok\.bench/3', expected 'wok\.bench/1' or 'wok\.bench/2'"):
+    with pytest.raises(
+        ValueError, match=r"b\.json: expected schema 'wok\.bench/1' or 'wok\.bench/2'; got 'wok\.bench/3'"
+    ):
         merge_results([parts[0], unknown], ["a.json", "b.json"])
 
 

@@ -470,7 +470,7 @@ def test_from_ramp_reads_both_bench_schema_versions(tmp_path, schema, capsys):
     assert main(["plan", "--from-ramp", str(path), "--peak-qps", "5000"]) == 0
     assert "→ 5 replicas" in capsys.readouterr().out
     path.write_text(path.read_text().replace(json.dumps(schema), '"wok.bench/3"'))
-    with pytest.raises(ValueError, match=r"schema is 'wok\.bench/3', expected 'wok\.bench/1' or 'wok\.bench/2'"):
+    with pytest.raises(ValueError, match=r"expected schema 'wok\.bench/1' or 'wok\.bench/2'; got 'wok\.bench/3'"):
         plan.batch_from_ramp(path)
 
 
@@ -654,7 +654,9 @@ def test_from_ramp_refuses_results_without_an_answer(tmp_path):
     with pytest.raises(ValueError, match=r"the ramp ran a mix of 2 models: its batch figures are the mix's"):
         plan.batch_from_ramp(tmp_path / "mix.json")
     (tmp_path / "other.json").write_text('{"schema": "wok.plan/1"}')
-    with pytest.raises(ValueError, match=r"expected 'wok\.bench/1' or 'wok\.bench/2'"):
+    with pytest.raises(
+        ValueError, match=r"other\.json: expected schema 'wok\.bench/1' or 'wok\.bench/2'; got 'wok\.plan/1'"
+    ):
         plan.batch_from_ramp(tmp_path / "other.json")
     # A hand-edited or truncated file: a missing figure is named, not a KeyError traceback.
     for drop, where in (("achieved_qps", 1), ("offered_qps", 0), ("slo_p99_ms", None)):

@@ -384,7 +384,7 @@ def test_without_max_batch_size_a_profile_gives_its_models_and_a_size_below_its_
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        ({"schema": "wok.bench/2"}, "schema is 'wok.bench/2', expected 'wok.profile/1'"),
+        ({"schema": "wok.bench/2"}, "expected schema 'wok.profile/1'; got 'wok.bench/2'"),
         ({"schema": "wok.profile/1", "fit": {"alpha_s": 0, "beta_s": 0}}, "fit.alpha_s and fit.beta_s: a batch needs"),
     ],
 )

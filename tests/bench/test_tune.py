@@ -301,7 +301,7 @@ def test_an_overhead_file_of_another_schema_is_refused_naming_its_option(tmp_pat
     path.write_text(json.dumps({"schema": "wok.overhead/2", "samples_s": [1e-3]}))
     with pytest.raises(ValueError) as refused:
         load_overhead(path)
-    assert str(refused.value) == f"--overhead-samples {path}: schema is 'wok.overhead/2', expected 'wok.overhead/1'"
+    assert str(refused.value) == f"--overhead-samples {path}: expected schema 'wok.overhead/1'; got 'wok.overhead/2'"
 
 
 def test_choose_breaks_ties_by_delay_then_batch_size():

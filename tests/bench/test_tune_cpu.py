@@ -85,7 +85,9 @@ def test_the_stage_replaces_the_profiles_batch_time_and_lowers_the_ceiling(tmp_p
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(cpu_document(stage, "by hand", setting={"max_batch_size": 32})))
     assert load_cpu(path) == stage
-    with pytest.raises(ValueError, match=r"expected .wok\.cpustage/1."):
+    with pytest.raises(
+        ValueError, match=r"^CPU calibration: expected schema 'wok\.cpustage/1'; got 'wok\.overhead/1'$"
+    ):
         cpu_from_document({"schema": "wok.overhead/1"})
     with pytest.raises(ValueError, match="come together"):
         cpu_from_document({**cpu_document(CpuStage(), "by hand"), "batch_alpha_s": 1e-3})
@@ -122,7 +124,7 @@ def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
         # float() read true as 1 core, and a quoted number as its number.
         ("cores", True, "cores: expected a finite number of cores ≥ 0; got true"),
         ("batch_beta_s", "3e-5", "batch_beta_s: expected a finite number of seconds ≥ 0; got a string ('3e-5')"),
-        ("schema", "wok.cpustage/2", "schema is 'wok.cpustage/2', expected 'wok.cpustage/1'"),
+        ("schema", "wok.cpustage/2", "expected schema 'wok.cpustage/1'; got 'wok.cpustage/2'"),
     ],
 )
 def test_a_cpu_calibration_that_cannot_be_simulated_is_refused_naming_option_file_and_field(

@@ -312,7 +312,7 @@ def test_batch_times_samples_from_a_profile_without_samples_is_refused(tmp_path,
         # Both were "expected a wok.overhead/1 document with samples_s", of a document that had one.
         (OVERHEAD % "[]", "samples_s: expected a list of seconds, at least one; got an empty list"),
         ('{"schema": "wok.overhead/1"}', "samples_s: expected a list of seconds, at least one; got none"),
-        ('{"schema": "wok.profile/1", "samples_s": [0.001]}', "schema is 'wok.profile/1', expected 'wok.overhead/1'"),
+        ('{"schema": "wok.profile/1", "samples_s": [0.001]}', "expected schema 'wok.overhead/1'; got 'wok.profile/1'"),
     ],
 )
 def test_an_overhead_file_without_samples_says_which_field_and_what_it_got(text, why, tmp_path, no_simulating, wok_cli):

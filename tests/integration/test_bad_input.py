@@ -71,12 +71,13 @@ CASES = {
     "raw length": (
         raw_len_mismatch(),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': raw content is 1020 bytes, expected 1024 (shape [1, 256] of FP32, 4 bytes each)",
+        "input 'INPUT0': expected 1024 bytes of raw content (shape [1, 256] of FP32, 4 bytes each); got 1020 bytes",
     ),
     "typed contents count": (
         typed_count_mismatch(),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': contents hold 255 values, expected 256 (shape [1, 256])",
+        "input 'INPUT0': expected 256 values (shape [1, 256]) in fp32_contents for FP32, or the tensor in "
+        "raw_input_contents; got 255 values",
     ),
     "typed contents beside another field": (typed_with_an_extra_field(), grpc.StatusCode.INVALID_ARGUMENT, EXTRA_FIELD),
     "missing input": (
@@ -92,12 +93,12 @@ CASES = {
     "too many rows": (
         encode_request("mlp", {"INPUT0": np.ones((33, 256), np.float32)}),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'INPUT0': 33 rows exceed max_batch_size 32 of model 'mlp'",
+        "input 'INPUT0': expected at most 32 rows (max_batch_size of model 'mlp'); got 33",
     ),
     "rows differ between inputs": (
         encode_request("recsys", {"dense": np.ones((2, 13), np.float32), "ids": np.ones((3, 2), np.int64)}),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'ids' has 3 rows, input 'dense' has 2; they must match",
+        "input 'ids': expected 2 rows, as many as input 'dense' has; got 3",
     ),
     "id out of range": (
         encode_request("encoder", {"tokens": np.array([[1, 2, 5000]], np.int64)}),

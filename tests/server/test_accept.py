@@ -186,8 +186,8 @@ async def test_without_grpcio_internals_it_stays_off_and_grpc_aio_serves_alone(c
         other = types.SimpleNamespace(_MethodResolver=object, _handle_rpc=lambda method_name: None)
         reason = unsupported_reason(server, other)
         assert reason.endswith(
-            "_handle_rpc takes ('method_name',), expected ('method_name', 'method_resolver', 'interceptors', "
-            "'rpc_state', 'loop', 'concurrency_exceeded')"
+            "_handle_rpc: expected parameters ('method_name', 'method_resolver', 'interceptors', 'rpc_state', "
+            "'loop', 'concurrency_exceeded'); got ('method_name',)"
         )
         assert "has no _MethodResolver" in unsupported_reason(server, types.SimpleNamespace())
         assert "has no AioServer._request_registered_call" in unsupported_reason(types.SimpleNamespace())
@@ -221,9 +221,9 @@ async def test_only_checked_grpcio_versions_and_a_started_server():
 
 
 def test_arguments_are_checked():
-    with pytest.raises(ValueError, match=r"^tasks_per_method must be >= 0 \(got -1\)$"):
+    with pytest.raises(ValueError, match=r"^tasks_per_method: expected >= 0; got -1$"):
         AcceptTasks(None, {}, -1)
-    with pytest.raises(ValueError, match=r"^method name must be '/package.Service/Method' \(got 'Echo'\)$"):
+    with pytest.raises(ValueError, match=r"^method name: expected '/package\.Service/Method'; got 'Echo'$"):
         AcceptTasks(None, {"Echo": None}, 1)
 
 

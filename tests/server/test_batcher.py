@@ -437,7 +437,9 @@ async def test_a_request_larger_than_every_preferred_size_still_runs(gated):
 async def test_more_rows_than_the_maximum_are_refused_at_submit(gated):
     s, _, ex = gated(max_batch_size=4)
     b = make_batcher(s, ex)
-    with pytest.raises(InvalidInput, match="9 rows exceed max_batch_size 4 of model 'gated'"):
+    with pytest.raises(
+        InvalidInput, match=r"^model 'gated': expected at most 4 rows in a request \(its max_batch_size\); got 9$"
+    ):
         submit(b, 1.0, rows=9)
     await finish(b)
 
@@ -456,7 +458,9 @@ async def test_a_request_over_a_lowered_maximum_runs_alone_and_the_rest_keep_the
     m.gate.set()
     outs = await asyncio.wait_for(asyncio.gather(*(p.future for p in [*small, big, *rest[:4]])), 10)
     np.testing.assert_array_equal(outs[2]["OUTPUT0"], np.full((6, 4), 6.0, np.float32))
-    with pytest.raises(InvalidInput, match="9 rows exceed max_batch_size 8 of model 'gated'"):
+    with pytest.raises(
+        InvalidInput, match=r"^model 'gated': expected at most 8 rows in a request \(its max_batch_size\); got 9$"
+    ):
         submit(b, 1.0, rows=9)  # over the configured maximum, as ever
     with pytest.raises(ValueError, match="max_batch_size 9 is above the configured 8"):
         b.set_policy(BatchingPolicy(9, 60.0))

@@ -222,7 +222,7 @@ async def test_a_request_of_0_rows_is_refused_at_submit_and_takes_no_queue_space
             m.gate.clear()
             running = submit(b, "other")
             await wait_entered(m)
-        with pytest.raises(InvalidInput, match=r"^0 rows in a request to model 'gated'; expected at least 1$"):
+        with pytest.raises(InvalidInput, match=r"^model 'gated': expected at least 1 row in a request; got 0$"):
             submit(b, "k", rows=0)
         assert "k" not in b._queues and b.queued == 0 and b._level_samples == {}
         assert b.stats.fail.count == 0

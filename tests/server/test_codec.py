@@ -394,7 +394,7 @@ def test_a_shape_whose_element_count_overflows_int64_is_invalid_not_a_crash():
     with pytest.raises(InvalidInput, match=r"input 'X': expected shape \[-1, 3\]"):
         decode_request(req, s)
     wide = identity_dims("FP32", [-1])
-    with pytest.raises(InvalidInput, match=r"raw content is 0 bytes, expected 73786976294838206464 "):
+    with pytest.raises(InvalidInput, match=r"expected 73786976294838206464 bytes of raw content .*; got 0 bytes$"):
         decode_request(req, wide)
 
 
@@ -484,10 +484,10 @@ def test_a_shape_of_millions_of_dims_is_refused_naming_its_first_dims_and_how_ma
 @pytest.mark.parametrize(
     ("datatype", "values", "got"),
     [
-        ("UINT8", [1, 300], "value 300 (element 1) does not fit UINT8, expected 0 to 255"),
-        ("UINT16", [70000, 1], "value 70000 (element 0) does not fit UINT16, expected 0 to 65535"),
-        ("INT8", [1, 2, -129], "value -129 (element 2) does not fit INT8, expected -128 to 127"),
-        ("INT16", [40000, 1], "value 40000 (element 0) does not fit INT16, expected -32768 to 32767"),
+        ("UINT8", [1, 300], "expected UINT8 values from 0 to 255; got 300 (element 1)"),
+        ("UINT16", [70000, 1], "expected UINT16 values from 0 to 65535; got 70000 (element 0)"),
+        ("INT8", [1, 2, -129], "expected INT8 values from -128 to 127; got -129 (element 2)"),
+        ("INT16", [40000, 1], "expected INT16 values from -32768 to 32767; got 40000 (element 0)"),
     ],
 )
 def test_a_typed_value_out_of_its_datatypes_range_is_refused_naming_it_and_the_range(datatype, values, got):
@@ -507,14 +507,14 @@ def test_a_typed_value_out_of_its_datatypes_range_is_refused_naming_it_and_the_r
             "INT32",
             [1, 2**40],
             0,
-            "a value (among elements 0 to 1) does not fit INT32, expected -2147483648 to 2147483647",
+            "expected INT32 values from -2147483648 to 2147483647; got one out of range (among elements 0 to 1)",
         ),
-        ("UINT64", [-1], 7, "a value (element 7) does not fit UINT64, expected 0 to 18446744073709551615"),
+        ("UINT64", [-1], 7, "expected UINT64 values from 0 to 18446744073709551615; got one out of range (element 7)"),
         (
             "FP32",
             [10**400, 1.0],
             0,
-            "a value (among elements 0 to 1) does not fit FP32, expected -3.40282e+38 to 3.40282e+38",
+            "expected FP32 values from -3.40282e+38 to 3.40282e+38; got one out of range (among elements 0 to 1)",
         ),
     ],
 )
@@ -548,8 +548,8 @@ def test_typed_contents_in_another_types_field_are_named_with_the_field_expected
         decode_request(req, identity("FP64"))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert str(info.value) == (
-        "input 'X': contents hold 0 values, expected 3 (shape [1, 3]) in fp64_contents for FP64, or the tensor "
-        "in raw_input_contents; int64_contents holds 3 values, which FP64 is not read from"
+        "input 'X': expected 3 values (shape [1, 3]) in fp64_contents for FP64, or the tensor in raw_input_contents; "
+        "got 0 values; int64_contents holds 3 values, which FP64 is not read from"
     )
 
 
@@ -647,8 +647,8 @@ def test_an_input_with_no_data_at_all_is_told_where_its_data_goes():
         decode_request(req, identity("INT8"))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert str(info.value) == (
-        "input 'X': contents hold 0 values, expected 3 (shape [1, 3]) in int_contents for INT8, or the tensor "
-        "in raw_input_contents"
+        "input 'X': expected 3 values (shape [1, 3]) in int_contents for INT8, or the tensor in raw_input_contents; "
+        "got 0 values"
     )
 
 

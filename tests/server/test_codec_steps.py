@@ -121,7 +121,7 @@ def test_a_value_out_of_range_in_a_later_chunk_is_named_by_its_element_in_the_wh
     t = req.inputs.add(name="X", datatype="UINT8", shape=[1, n])
     t.contents.uint_contents.extend([300 if i == CONTENTS_CHUNK + 5 else 1 for i in range(n)])
     req.inputs.add(name="S", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(0.5)
-    want = f"input 'X': value 300 (element {CONTENTS_CHUNK + 5}) does not fit UINT8, expected 0 to 255"
+    want = f"input 'X': expected UINT8 values from 0 to 255; got 300 (element {CONTENTS_CHUNK + 5})"
     with pytest.raises(InvalidInput) as info:
         decode_request(req, s)
     assert str(info.value) == want

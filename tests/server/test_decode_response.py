@@ -59,13 +59,13 @@ CASES = {
     ),
     "typed values too few": (
         typed_answer(fp32_contents=[1.0, 2.0]),
-        "output 'Y': contents hold 2 values, expected 3 (shape [1, 3]) in fp32_contents for FP32, or the tensor in "
-        "raw_output_contents",
+        "output 'Y': expected 3 values (shape [1, 3]) in fp32_contents for FP32, or the tensor in "
+        "raw_output_contents; got 2 values",
     ),
     "typed values in another type's field": (
         typed_answer("FP64", int64_contents=[1, 2, 3]),
-        "output 'Y': contents hold 0 values, expected 3 (shape [1, 3]) in fp64_contents for FP64, or the tensor in "
-        "raw_output_contents; int64_contents holds 3 values, which FP64 is not read from",
+        "output 'Y': expected 3 values (shape [1, 3]) in fp64_contents for FP64, or the tensor in "
+        "raw_output_contents; got 0 values; int64_contents holds 3 values, which FP64 is not read from",
     ),
     "typed values beside another field": (
         typed_answer(fp32_contents=[1.0, 2.0, 3.0], int_contents=[7]),
@@ -74,7 +74,7 @@ CASES = {
     ),
     "a typed value out of its type's range": (
         typed_answer("INT8", int_contents=[1, 300, 2]),
-        "output 'Y': value 300 (element 1) does not fit INT8, expected -128 to 127",
+        "output 'Y': expected INT8 values from -128 to 127; got 300 (element 1)",
     ),
     "FP16 in typed contents": (
         typed_answer("FP16", fp32_contents=[1.0, 2.0, 3.0]),
@@ -89,7 +89,7 @@ CASES = {
     # A numpy ValueError that named nothing ("cannot reshape array of size 2 into shape (1,3)").
     "raw content of the wrong size": (
         raw_answer(np.zeros(2, np.float32).tobytes()),
-        "output 'Y': raw content is 8 bytes, expected 12 (shape [1, 3] of FP32, 4 bytes each)",
+        "output 'Y': expected 12 bytes of raw content (shape [1, 3] of FP32, 4 bytes each); got 8 bytes",
     ),
     "an empty shape numpy cannot address": (
         raw_answer(b"", shape=(1, 2**62, 0)),
@@ -132,7 +132,7 @@ CASES = {
     # A name from the wire is quoted as names sent are: a newline cannot break the caller's log line.
     "an output name with a newline": (
         raw_answer(b"\x00", name="a\nb"),
-        "output 'a\\nb': raw content is 1 bytes, expected 12 (shape [1, 3] of FP32, 4 bytes each)",
+        "output 'a\\nb': expected 12 bytes of raw content (shape [1, 3] of FP32, 4 bytes each); got 1 bytes",
     ),
 }
 

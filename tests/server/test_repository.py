@@ -985,7 +985,7 @@ async def test_a_wrong_shaped_input_to_a_torch_export_model_is_refused_naming_it
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             for shape, said in (
                 ((2, 5), "input 'INPUT0': expected shape [-1, 4] (batch first, -1 = any); got [2, 5]"),
-                ((9, 4), "input 'INPUT0': 9 rows exceed max_batch_size 8 of model 'exported'"),
+                ((9, 4), "input 'INPUT0': expected at most 8 rows (max_batch_size of model 'exported'); got 9"),
             ):
                 x = np.zeros(shape, np.float32)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -1209,7 +1209,9 @@ def test_factory_returning_non_module(tmp_path):
     (d / "model.py").write_text("def build():\n    return {'not': 'a module'}\n")
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value) == f"{d / 'config.toml'}: factory 'model:build' returned dict, expected an nn.Module"
+    assert (
+        str(info.value) == f"{d / 'config.toml'}: factory 'model:build': expected an nn.Module as its result; got dict"
+    )
 
 
 @pytest.mark.parametrize(
@@ -1270,8 +1272,8 @@ def test_a_factory_returning_a_servable_is_refused_not_served_in_place_of_the_co
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        f"{d / 'config.toml'}: factory 'wok.models.mlp:build' returned a Servable (model 'mlp' with its own config), "
-        "expected an nn.Module: a repository model is configured by its config file"
+        f"{d / 'config.toml'}: factory 'wok.models.mlp:build': expected an nn.Module as its result (a repository "
+        "model is configured by its config file); got a Servable (model 'mlp' with its own config)"
     )
 
 

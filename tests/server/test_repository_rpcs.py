@@ -242,7 +242,7 @@ async def test_a_repository_name_is_refused_by_name_not_ignored(ready):
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert info.value.details() == (
             "'repository_name' specification is not supported: wok serves one set of models, chosen at start "
-            "(--model-repository, --models); send RepositoryIndex without repository_name (got 'models')"
+            "(--model-repository, --models); expected RepositoryIndex without repository_name; got 'models'"
         )
 
 
@@ -278,7 +278,7 @@ ODD_NAME_CASES = {
     "RepositoryIndex": (
         pb.RepositoryIndexRequest(repository_name=ODD_NAME),
         grpc.StatusCode.INVALID_ARGUMENT,
-        f"send RepositoryIndex without repository_name (got {SHOWN})",
+        f"expected RepositoryIndex without repository_name; got {SHOWN}",
     ),
     "RepositoryModelLoad": (
         pb.RepositoryModelLoadRequest(model_name=ODD_NAME),

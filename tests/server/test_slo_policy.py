@@ -508,7 +508,7 @@ def test_config_checks_the_policy_fields(slow_repository):
     with pytest.raises(ConfigError, match=r"cannot read profile .*p\.json"):
         load_model_config(root / "slow")
     (root / "slow" / "p.json").write_text(json.dumps({"schema": "wok.tune/1"}))
-    with pytest.raises(ConfigError, match=r"expected 'wok\.profile/1'"):
+    with pytest.raises(ConfigError, match=r"p\.json: expected schema 'wok\.profile/1'; got 'wok\.tune/1'"):
         load_model_config(root / "slow")
     _profile(root / "slow" / "p.json", 0.02, 0.001)  # relative to the model's folder
     db = load_model_config(root / "slow").dynamic_batching

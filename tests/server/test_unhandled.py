@@ -56,7 +56,7 @@ async def test_a_handled_calls_task_is_freed_without_the_cyclic_collector():
 
 
 async def test_method_names_are_checked():
-    with pytest.raises(ValueError, match=re.escape("'/package.Service/Method' (got 'ModelInfer')")):
+    with pytest.raises(ValueError, match=re.escape("'/package.Service/Method'; got 'ModelInfer'")):
         UnhandledCalls(("ModelInfer",), print)
-    with pytest.raises(ValueError, match=re.escape("sweep_at must be >= 1 (got 0)")):
+    with pytest.raises(ValueError, match=re.escape("sweep_at: expected >= 1; got 0")):
         UnhandledCalls((INFER,), print, sweep_at=0)

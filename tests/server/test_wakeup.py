@@ -133,6 +133,10 @@ async def test_without_grpcio_internals_it_changes_nothing(sync_server, caplog):
         assert not drain.installed
         assert drain.unsupported.endswith("has no PollerCompletionQueue/_BoundEventLoop")
         assert any("gRPC wake-up drain off" in r.getMessage() for r in caplog.records)
+        # Types of which no object binds this loop: the count found is the reason.
+        unbound = types.SimpleNamespace(PollerCompletionQueue=type("Queue", (), {}), _BoundEventLoop=type("B", (), {}))
+        assert not drain.install(cygrpc=unbound)
+        assert drain.unsupported == "expected 1 open binding of gRPC's poller to this loop; got 0"
         assert await channel.unary_unary(METHOD)(b"ab", timeout=10) == b"ba"
         drain.uninstall()
 
