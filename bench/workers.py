@@ -584,7 +584,7 @@ class WorkerProcesses:
                     child.close()  # the worker's end: with it closed here, a dead worker reads as EOF
             for c, p in zip(new_conns, new_procs):
                 if (word := _from_worker(c, p, "start")) != STARTED:
-                    raise RuntimeError(f"bench worker {p.pid} said {word!r} as it started; expected {STARTED!r}")
+                    raise RuntimeError(f"bench worker {p.pid}'s first word: expected {STARTED!r}; got {word!r}")
         except BaseException:
             # Their pipes too, also when `_end` raises (a second Ctrl-C): no one else holds them, and they were left
             # open until collected.
@@ -774,7 +774,7 @@ class WorkerPool:
             for c, p in zip(self._conns, self._procs):
                 if (word := _from_worker(c, p, "connect")) != "ready":
                     # Else read as a step's outcome, an AttributeError far from its cause.
-                    raise RuntimeError(f"bench worker {p.pid} said {word!r} as it connected; expected 'ready'")
+                    raise RuntimeError(f"bench worker {p.pid}'s word as it connected: expected 'ready'; got {word!r}")
         except BaseException:
             # Terminated, not handed back as they are: a worker may be connecting, its "ready" not yet read. Handed
             # back and the own processes stopped also when `_end` raises (a second Ctrl-C): else the kept ones stayed

@@ -738,19 +738,70 @@ def _describe(err: ValidationError, root: type[BaseModel] | None = None, names: 
             lines.append(f"{where}: {msg}")
             continue
         got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {_shown(got)})"
+        # A table given for another kind of value is named ("a table"), not shown: it may be long.
+        got_s = _a(got) if isinstance(got, dict) else _shown(got)
         if e["type"] == "extra_forbidden":
-            # pydantic's "Extra inputs are not permitted" reads as a word about a model's inputs.
-            lines.append(f"{where}: unknown setting{got_s}{_unknown_hint(root, loc) if root else ''}")
+            # pydantic's "Extra inputs are not permitted" reads as a word about a model's inputs. The key
+            # is what is refused, so its value is said beside it rather than as what was got.
+            unknown = "an unknown table" if isinstance(got, dict) else f"an unknown one, set to {got_s}"
+            hint = _unknown_hint(root, loc) if root else ""
+            lines.append(f"{where}: expected a known setting; got {unknown}{hint}")
             continue
-        hint = ""
+        if e["type"] == "missing":
+            # pydantic's input is the table the setting is missing from.
+            got_s = "none"
+        expected = _expected(e)
         if loc == ("max_batch_size",) and e["type"] == "greater_than_equal":
-            hint = (
-                ": wok always batches along the first dim (Triton's 0, no batching, is not supported): "
-                "give max_batch_size >= 1 and leave the batch dim out of dims"
+            expected += (
+                " (wok always batches along the first dim; Triton's 0, no batching, is not supported: give "
+                "max_batch_size >= 1 and leave the batch dim out of dims)"
             )
-        lines.append(f"{where}: {e['msg']}{got_s}{hint}")
+        lines.append(f"{where}: expected {expected}; got {got_s}")
     return "; ".join(lines)
+
+
+# What pydantic's error types that the settings raise expect, in the refusal's "expected ..." (its
+# messages say "Input should be ...", a form no other refusal has); {name}: the error's ctx entry. A type
+# not here is said in pydantic's words (_expected).
+_EXPECTED = {
+    "missing": "a value (the setting is required)",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "a boolean",
+    "string_type": "a string",
+    "path_type": "a path",
+    "tuple_type": "a list",
+    "dict_type": "a table",
+    "model_type": "a table of settings (or an instance of {class_name})",
+    "literal_error": "{expected}",
+    "greater_than": "> {gt}",
+    "greater_than_equal": ">= {ge}",
+    "less_than": "< {lt}",
+    "less_than_equal": "<= {le}",
+    "too_short": "at least {min_length} item{s}",
+    "string_too_short": "at least {min_length} character{s}",
+    "string_pattern_mismatch": "a string matching {pattern}",
+}
+
+
+def _expected(e: Mapping) -> str:
+    """What pydantic's error `e` says the setting should be, as the "expected ..." of a refusal."""
+    template = _EXPECTED.get(e["type"])
+    if template is None:
+        msg = e["msg"]
+        return msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else f"a valid value ({msg})"
+    ctx = e.get("ctx") or {}
+    shown = {k: quoted_name(v) if k == "pattern" else _bound(v) for k, v in ctx.items()}
+    return template.format(**shown, s="" if ctx.get("min_length") == 1 else "s")
+
+
+def _bound(value: object) -> str:
+    """A limit from pydantic's ctx as its messages write it: a float bound that is whole without its
+    ".0" (ge=0 on a float field is 0.0), anything else as str() writes it."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 class _RepeatedKey(yaml.YAMLError):

@@ -453,43 +453,44 @@ class Servable:
                 more = f" and {len(result) - 8:,} more" if len(result) > 8 else ""
                 wanted = ", ".join(f"'{n}'" for n in missing)
                 raise ModelExecutionError(
-                    f"model '{self.name}' returned a dict with no output named {wanted}; "
-                    f"its keys: {', '.join(keys) or 'none'}{more}"
+                    f"model '{self.name}': expected a dict with an output named {wanted}; got one without, its "
+                    f"keys: {', '.join(keys) or 'none'}{more}"
                 )
             result = [result[n] for n in names]
         elif not isinstance(result, (tuple, list)):
             # Taken apart as a sequence, a string said "returned 8 outputs" (its characters), an array
             # as many outputs as it has rows, and None failed as "'NoneType' object is not iterable".
             raise ModelExecutionError(
-                f"model '{self.name}' returned {type(result).__name__}; expected a torch.Tensor, or a tuple, "
-                f"list or dict of them ({len(names)} output(s): {', '.join(names)})"
+                f"model '{self.name}': expected a torch.Tensor, or a tuple, list or dict of them, as its result "
+                f"({len(names)} output(s): {', '.join(names)}); got {type(result).__name__}"
             )
         result = list(result)
         if len(result) != len(names):
             got = "1 output" if len(result) == 1 else f"{len(result):,} outputs"
+            want = "1 output" if len(names) == 1 else f"{len(names)} outputs"
             raise ModelExecutionError(
-                f"model '{self.name}' returned {got} ({what}); expected {len(names)}, one per output its config "
-                f"declares: {', '.join(quoted_name(n) for n in names)}"
+                f"model '{self.name}': expected {want} in its result, one per output its config declares: "
+                f"{', '.join(quoted_name(n) for n in names)}; got {got} ({what})"
             )
         out = {}
         for n, t in zip(names, result):
             if not isinstance(t, torch.Tensor):
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{n}' is {type(t).__name__}; expected a torch.Tensor"
+                    f"model '{self.name}' output '{n}': expected a torch.Tensor; got {type(t).__name__}"
                 )
             if t.layout != torch.strided or t.is_nested:
                 # Rows of it cannot be cut out or read as an array: it failed later, in torch's words,
                 # naming neither the output nor what it is ("Cannot access storage of SparseTensorImpl").
                 layout = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{n}' is a {layout} tensor; expected a dense (strided) torch.Tensor"
+                    f"model '{self.name}' output '{n}': expected a dense (strided) torch.Tensor; got a {layout} tensor"
                 )
             if t.is_meta:
                 # A shape with no values: it failed as the rows were read, in torch's words, naming no output
                 # and advising a copy to host (Tensor.cpu()) that cannot be made of it.
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{n}' is on the meta device, which holds no values; "
-                    "expected a torch.Tensor with data"
+                    f"model '{self.name}' output '{n}': expected a torch.Tensor with data; got one on the meta "
+                    "device, which holds no values"
                 )
             want = torch_dtype(self.output_types[n])
             if t.dtype != want:
@@ -499,8 +500,8 @@ class Servable:
                     self._castable[(n, t.dtype)] = ok
                 if not ok:
                     raise ModelExecutionError(
-                        f"model '{self.name}' output '{n}' is {t.dtype}; its config declares "
-                        f"{self.output_types[n].name}, which it cannot be cast to without loss"
+                        f"model '{self.name}' output '{n}': expected {self.output_types[n].name}, as its config "
+                        f"declares, or a dtype that casts to it without loss; got {t.dtype}"
                     )
                 t = t.to(want)
             # A view with torch's negative bit set (x.conj().imag) is -x only as torch reads it: numpy()
@@ -515,15 +516,15 @@ class Servable:
         for k, shape in shapes.items():
             if len(shape) == 0 or shape[0] != total:
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{k}' has shape {list(shape)}; expected {rows}, one per sample"
+                    f"model '{self.name}' output '{k}': expected {rows}, one per sample; got shape {list(shape)}"
                 )
             dims = self._output_dims[k]
             if len(shape) != len(dims) + 1 or any(d != -1 and d != n for d, n in zip(dims, shape[1:])):
                 # Clients size their buffers from the model's metadata: an answer of another shape
                 # would be read wrongly, or not at all, so the batch fails instead.
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{k}' has shape {list(shape)}; its config declares "
-                    f"{[total, *dims]} ({rows}; -1 = any size)"
+                    f"model '{self.name}' output '{k}': expected shape {[total, *dims]}, as its config declares "
+                    f"({rows}; -1 = any size); got {list(shape)}"
                 )
 
     def split(self, outputs: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:

@@ -57,8 +57,11 @@ def test_latencies_outside_the_device_range_are_refused_with_the_value():
         CpuWakeupLatency(-5)
     with pytest.raises(ValueError, match=re.escape(f"got {2**31}")):
         CpuWakeupLatency(2**31)  # would not fit the device's signed 32 bits
-    with pytest.raises(ConfigError, match=re.escape("cpu_wakeup_latency_us: Input should be greater than or equal")):
+    with pytest.raises(ConfigError, match=re.escape("cpu_wakeup_latency_us: expected >= 0; got -1")):
         server_settings(cpu_wakeup_latency_us=-1)
-    with pytest.raises(ConfigError, match=re.escape("cpu_wakeup_latency_us: Input should be less than or equal")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"cpu_wakeup_latency_us: expected <= {NO_CONSTRAINT_US}; got {NO_CONSTRAINT_US + 1}"),
+    ):
         server_settings(cpu_wakeup_latency_us=NO_CONSTRAINT_US + 1)
     assert server_settings().cpu_wakeup_latency_us is None

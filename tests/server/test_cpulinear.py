@@ -546,7 +546,7 @@ def test_the_warm_up_builds_a_kernel_for_every_padded_size_and_records_what_ran(
 def test_the_setting_names_its_choices():
     assert server_settings().cpu_linear == "onednn"
     assert server_settings(cpu_linear="torch").cpu_linear == "torch"
-    with pytest.raises(ConfigError, match=re.escape("cpu_linear: Input should be 'onednn' or 'torch' (got 'mkl')")):
+    with pytest.raises(ConfigError, match=re.escape("cpu_linear: expected 'onednn' or 'torch'; got 'mkl'")):
         server_settings(cpu_linear="mkl")
 
 

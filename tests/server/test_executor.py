@@ -157,7 +157,9 @@ def test_a_model_returning_the_wrong_number_of_rows_fails_the_batch():
     s = _servable(FirstRow(), "short")
     ex = Executor(s, s.config.instances)
     try:
-        with pytest.raises(ModelExecutionError, match=r"model 'short' output 'Y' has shape \[1, 2\]; expected 3 rows"):
+        with pytest.raises(
+            ModelExecutionError, match=r"model 'short' output 'Y': expected 3 rows, one per sample; got shape \[1, 2\]"
+        ):
             run_x(ex, 1.0)
     finally:
         ex.shutdown()
@@ -182,7 +184,8 @@ def test_a_model_returning_another_shape_than_its_config_declares_fails_the_batc
         with pytest.raises(ModelExecutionError) as info:
             run_x(ex, 1.0)
         assert str(info.value) == (
-            f"model 'reshaped' output 'Y' has shape {got}; its config declares [3, 2] (3 rows; -1 = any size)"
+            f"model 'reshaped' output 'Y': expected shape [3, 2], as its config declares (3 rows; -1 = any size); "
+            f"got {got}"
         )
     finally:
         ex.shutdown()
@@ -453,8 +456,8 @@ def test_a_0_d_output_is_not_one_row_per_sample_and_fails_the_warm_up_as_on_cuda
         ex.shutdown()
     assert str(info.value) == (
         # As a batch's callers are told it: it read "model 'sq' failed: ModelExecutionError: model 'sq' output ...".
-        "model 'sq' output 'Y' has shape []; expected 1 row, one per "
-        f"sample; in the start-up warm-up, on a batch of zeros with input shapes X [1] on cpu (config: "
+        "model 'sq' output 'Y': expected 1 row, one per sample; got shape []; in the "
+        f"start-up warm-up, on a batch of zeros with input shapes X [1] on cpu (config: "
         f"{tmp_path / 'sq' / 'config.toml'})"  # wok's own check failed: no warmup_dims hint
     )
 

@@ -361,7 +361,7 @@ def test_cuda_a_request_whose_values_make_the_model_answer_too_few_rows_fails_al
         for out, v in zip(result.outputs, [1.0, 2.0, np.nan, 4.0, 5.0], strict=True):
             if np.isnan(v):
                 assert str(out) == (
-                    "model 'drops' output 'OUTPUT0' has shape [0, 4]; expected 1 row, one per sample "
+                    "model 'drops' output 'OUTPUT0': expected 1 row, one per sample; got shape [0, 4] "
                     "(on this request alone)"
                 )
             else:

@@ -21,7 +21,7 @@ def _importtime(*args: str) -> subprocess.CompletedProcess:
 def test_a_refused_serve_option_exits_2_before_torch_is_imported():
     done = _importtime("-m", "wok", "serve", "--models", "mlp", "--grace-period", "-1")
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "wok: --grace-period: Input should be greater than or equal to 0 (got -1.0)" in done.stderr
+    assert "wok: --grace-period: expected >= 0; got -1.0" in done.stderr
     assert _imported("wok.config", done.stderr) and not _imported("torch", done.stderr)
     # Nor the bench's parsers (its clients, numpy, the fault machinery: about 0.3 s of every start).
     assert not _imported("wok.bench.cli", done.stderr) and not _imported("wok.demo.cli", done.stderr)

@@ -225,8 +225,8 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_directory(wok_cli, t
 @pytest.mark.parametrize(
     ("argv", "refusal"),
     [
-        (("--port", "-1"), "wok: --port: Input should be greater than or equal to 0 (got -1)"),
-        (("--grace-period", "nan"), "wok: --grace-period: Input should be a finite number (got nan)"),
+        (("--port", "-1"), "wok: --port: expected >= 0; got -1"),
+        (("--grace-period", "nan"), "wok: --grace-period: expected a finite number; got nan"),
         (
             ("--max-connection-age-grace", "5"),
             "wok: --max-connection-age-grace needs --max-connection-age: there is no age to be graceful at",

@@ -1723,8 +1723,8 @@ def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error
     lines = stderr.splitlines()
     assert not [line for line in lines if line.startswith("Traceback")], stderr[-2000:]
     assert lines[-1:] == [
-        "wok: model 'm' output 'OUTPUT0' has shape [1, 4]; its config "
-        "declares [1, 3] (1 row; -1 = any size); in the start-up warm-up, on a batch of zeros with input shapes "
+        "wok: model 'm' output 'OUTPUT0': expected shape [1, 3], as its config declares (1 row; -1 = any size); "
+        "got [1, 4]; in the start-up warm-up, on a batch of zeros with input shapes "
         f"INPUT0 [1, 4] on cpu (config: {d / 'config.toml'})"  # no -1 dims: no warmup_dims hint
     ]
 
@@ -1773,5 +1773,5 @@ def test_a_nan_queue_delay_makes_wok_serve_exit_2_saying_it_must_be_a_finite_num
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2, stderr[-2000:]
     assert stderr.splitlines()[-1:] == [
-        f"wok: {d / 'config.toml'}: dynamic_batching.max_queue_delay_ms: Input should be a finite number (got nan)"
+        f"wok: {d / 'config.toml'}: dynamic_batching.max_queue_delay_ms: expected a finite number; got nan"
     ]

@@ -102,8 +102,8 @@ def test_an_output_that_would_be_truncated_fails_the_batch_naming_model_output_a
         with pytest.raises(ModelExecutionError) as info:
             forward(s, torch.ones(3, 2))
         assert str(info.value) == (
-            f"model 'm' output 'y' is {model_dtype}; its config declares {datatype}, "
-            "which it cannot be cast to without loss"
+            f"model 'm' output 'y': expected {datatype}, as its config declares, or a dtype that casts to it without "
+            f"loss; got {model_dtype}"
         )
 
 
@@ -118,7 +118,8 @@ def test_a_model_whose_output_cannot_take_its_config_datatype_fails_the_start_up
         ex.shutdown()
     msg = str(info.value)
     assert "\n" not in msg
-    assert "model 'm' output 'y' is torch.float32; its config declares INT64" in msg
+    assert "model 'm' output 'y': expected INT64, as its config declares, or a dtype that casts to it" in msg
+    assert "; got torch.float32;" in msg
     assert f"in the start-up warm-up, on a batch of zeros with input shapes x [1, 2] on cpu (config: {source})" in msg
     assert "warmup_dims" not in msg  # the zeros' sizes are not what failed
 
@@ -129,7 +130,7 @@ def test_a_model_whose_integer_output_would_wrap_in_its_config_datatype_fails_th
     ex = Executor(s, s.config.instances)
     try:
         with pytest.raises(
-            ModelExecutionError, match=r"output 'y' is torch.int64; its config declares INT8, which it "
+            ModelExecutionError, match=r"output 'y': expected INT8, as its config declares, .*; got torch.int64"
         ):
             ex.warmup()
     finally:
@@ -144,7 +145,7 @@ def test_integer_outputs_are_never_wrapped_or_rounded():
             return values[: x.shape[0]]
 
     for datatype in ("INT8", "INT16", "INT32", "UINT8", "FP32", "FP16", "BF16"):
-        with pytest.raises(ModelExecutionError, match="cannot be cast to without loss"):
+        with pytest.raises(ModelExecutionError, match=r"or a dtype that casts to it without loss; got torch\.int64"):
             forward(servable(Passes(), datatype), torch.ones(3, 2))
     assert forward(servable(Passes(), "INT64"), torch.ones(3, 2)).tolist() == values.tolist()
 
@@ -209,8 +210,8 @@ async def test_a_request_whose_output_cannot_take_its_config_datatype_fails_and_
                 await stub.ModelInfer(encode_request("m", {"x": np.ones((1, 2), np.float32)}), timeout=30)
             assert info.value.code() == grpc.StatusCode.INTERNAL
             assert info.value.details() == (
-                "model 'm' output 'y' is torch.float32; its config declares INT64, which it cannot be cast to "
-                "without loss"
+                "model 'm' output 'y': expected INT64, as its config declares, or a dtype that casts to it without "
+                "loss; got torch.float32"
             )
             resp = await stub.ModelInfer(encode_request("m", {"x": np.zeros((1, 2), np.float32)}), timeout=30)
     out = decode_response(resp)["y"]
@@ -248,7 +249,7 @@ def test_an_output_that_is_no_tensor_fails_the_batch_naming_the_output_and_its_t
     s = servable_with_count()
     with pytest.raises(ModelExecutionError) as info, torch.inference_mode():
         s.forward(s.module_for(CPU), {"x": torch.ones(2, 3)})
-    assert str(info.value) == "model 'm' output 'count' is int; expected a torch.Tensor"
+    assert str(info.value) == "model 'm' output 'count': expected a torch.Tensor; got int"
 
 
 class AnswersDict(nn.Module):
@@ -276,7 +277,7 @@ def test_a_dict_missing_an_output_fails_the_batch_naming_the_output_and_the_keys
     s = servable(AnswersDict(keys), "FP32")
     with pytest.raises(ModelExecutionError) as info:
         forward(s, torch.ones(2, 2))
-    assert str(info.value) == f"model 'm' returned a dict with no output named 'y'; its keys: {shown}"
+    assert str(info.value) == f"model 'm': expected a dict with an output named 'y'; got one without, its keys: {shown}"
 
 
 class Densely(nn.Module):
@@ -308,7 +309,7 @@ def test_an_output_that_is_no_dense_tensor_fails_the_batch_naming_the_output_and
     s = servable(Densely(to), "FP32")
     with pytest.raises(ModelExecutionError) as info:
         forward(s, torch.ones(2, 2))
-    assert str(info.value) == f"model 'm' output 'y' is a {layout} tensor; expected a dense (strided) torch.Tensor"
+    assert str(info.value) == f"model 'm' output 'y': expected a dense (strided) torch.Tensor; got a {layout} tensor"
 
 
 class OnMeta(nn.Module):
@@ -325,7 +326,7 @@ def test_an_output_on_the_meta_device_fails_the_batch_naming_the_output_and_the_
     with pytest.raises(ModelExecutionError) as info:
         forward(s, torch.ones(2, 2))
     assert str(info.value) == (
-        "model 'm' output 'y' is on the meta device, which holds no values; expected a torch.Tensor with data"
+        "model 'm' output 'y': expected a torch.Tensor with data; got one on the meta device, which holds no values"
     )
 
 
@@ -352,7 +353,8 @@ def test_a_conjugate_output_is_complex_and_refused_as_a_lossy_cast_naming_the_ou
     with pytest.raises(ModelExecutionError) as info:
         forward(servable(Conjugate(), "FP32"), torch.ones(2, 2))
     assert str(info.value) == (
-        "model 'm' output 'y' is torch.complex64; its config declares FP32, which it cannot be cast to without loss"
+        "model 'm' output 'y': expected FP32, as its config declares, or a dtype that casts to it without loss; got "
+        "torch.complex64"
     )
 
 
@@ -361,11 +363,12 @@ def test_a_wrong_row_count_names_the_rows_expected_in_good_grammar(total, rows):
     s = servable(Returns(torch.float32), "FP32")
     with pytest.raises(ModelExecutionError) as info:
         s.check_shapes({"y": [total + 1, 2]}, total)
-    assert str(info.value) == f"model 'm' output 'y' has shape [{total + 1}, 2]; expected {rows}, one per sample"
+    assert str(info.value) == f"model 'm' output 'y': expected {rows}, one per sample; got shape [{total + 1}, 2]"
     with pytest.raises(ModelExecutionError) as info:
         s.check_shapes({"y": [total, 3]}, total)
     assert str(info.value) == (
-        f"model 'm' output 'y' has shape [{total}, 3]; its config declares [{total}, 2] ({rows}; -1 = any size)"
+        f"model 'm' output 'y': expected shape [{total}, 2], as its config declares ({rows}; -1 = any size); got "
+        f"[{total}, 3]"
     )
 
 
@@ -396,7 +399,7 @@ def test_a_wrong_output_count_names_what_was_returned_and_what_the_config_declar
     with pytest.raises(ModelExecutionError) as info, torch.inference_mode():
         s.forward(Answers(answer), {"x": torch.ones(2, 3)})
     assert str(info.value) == (
-        f"model 'm' returned {got}; expected 2, one per output its config declares: 'score', 'count'"
+        f"model 'm': expected 2 outputs in its result, one per output its config declares: 'score', 'count'; got {got}"
     )
 
 
@@ -435,7 +438,8 @@ async def test_a_negative_bit_output_is_answered_and_a_meta_one_refused_by_name_
                 await stub.ModelInfer(encode_request("m", {"x": -np.ones((1, 2), np.float32)}), timeout=30)
             assert info.value.code() == grpc.StatusCode.INTERNAL
             assert info.value.details() == (
-                "model 'm' output 'y' is on the meta device, which holds no values; expected a torch.Tensor with data"
+                "model 'm' output 'y': expected a torch.Tensor with data; got one on the meta device, which holds no "
+                "values"
             )
             resp = await stub.ModelInfer(encode_request("m", {"x": np.zeros((1, 2), np.float32)}), timeout=30)
     assert decode_response(resp)["y"].tolist() == [[0.0, 0.0]]
@@ -452,7 +456,7 @@ def test_an_output_that_is_no_tensor_fails_the_warm_up_without_a_warmup_dims_hin
     finally:
         ex.shutdown()
     assert str(info.value) == (
-        "model 'm' output 'count' is int; expected a torch.Tensor; in the "
+        "model 'm' output 'count': expected a torch.Tensor; got int; in the "
         f"start-up warm-up, on a batch of zeros with input shapes x [1, 1] on cpu (config: {source})"
     )
 

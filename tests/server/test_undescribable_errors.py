@@ -131,12 +131,12 @@ FORWARD = {
     4: f"model 'pairs' failed: CustomStrRaises: {UNSHOWN} RuntimeError: __str__ of a BaseException failed) (on "
     "this request alone)",
     5: f"model 'pairs' failed: KeyboardInterrupt: {UNSHOWN} RuntimeError: no repr) (on this request alone)",
-    20: "model 'pairs' returned str; expected a torch.Tensor, or a tuple, list or dict of them (1 output(s): OUT) "
-    "(on this request alone)",
-    21: "model 'pairs' returned NoneType; expected a torch.Tensor, or a tuple, list or dict of them (1 output(s): "
-    "OUT) (on this request alone)",
-    22: "model 'pairs' returned ndarray; expected a torch.Tensor, or a tuple, list or dict of them (1 output(s): "
-    "OUT) (on this request alone)",
+    20: "model 'pairs': expected a torch.Tensor, or a tuple, list or dict of them, as its result (1 output(s): "
+    "OUT); got str (on this request alone)",
+    21: "model 'pairs': expected a torch.Tensor, or a tuple, list or dict of them, as its result (1 output(s): "
+    "OUT); got NoneType (on this request alone)",
+    22: "model 'pairs': expected a torch.Tensor, or a tuple, list or dict of them, as its result (1 output(s): "
+    "OUT); got ndarray (on this request alone)",
 }
 FAILED_CHECK = "model 'checked': its check (model:check) failed: "
 # The check's error, at minus the value that makes it: the whole answer.
