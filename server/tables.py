@@ -25,7 +25,8 @@ model's own whatever its name), nothing is guessed: it is not checked, and `uncl
 are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, through a view, a list's item
 or an op that may return them: `l = [ids]; l[0].sub_(1)`, `ids.cpu().sub_(1)`): neither `rows` nor `bounds`, as the
 graphs of TorchScript, torch.fx and torch.export go on reading the changed value as the ids the request sent
-(`_Walk.in_place`, `_Walk.share`).
+(`_Walk.in_place`, `_Walk.share`). Ids written into another tensor by such an op (`buf.add_(ids)`,
+`torch.add(ids, 60, out=buf)`) reach a table through it, not followed, where `buf` or what shares its memory does.
 """
 
 from __future__ import annotations
@@ -295,12 +296,14 @@ class _Walk:
                 self.found.unpublished[name] = why
         return self.found
 
-    def in_place(self, target, via: str) -> None:
-        """`target` changed in place by op `via`. A graph goes on reading the value it changed, and any view of it, as
-        the ids it held (`ids.sub_(1); emb(ids)`; `ids.view(-1).sub_(1)` of a torch.export program too), so no table
-        found says which ids fail: `ids.clamp_(0, 99)` takes ids past a 100-row table's rows, `ids.sub_(1)` fails at
-        0. Nor is a `% n` made of the same inputs still known within n (`y = ids % 200; y.view(-1).add_(150)`): a
-        value may share memory with it by ways not followed (a list's item), so none is."""
+    def in_place(self, target, via: str, sources=()) -> None:
+        """`target` changed in place by op `via` of the values `sources`. A graph goes on reading the value it changed,
+        and any view of it, as the ids it held (`ids.sub_(1); emb(ids)`; `ids.view(-1).sub_(1)` of a torch.export
+        program too), so no table found says which ids fail: `ids.clamp_(0, 99)` takes ids past a 100-row table's
+        rows, `ids.sub_(1)` fails at 0. Nor is a `% n` made of the same inputs, or sharing `target`'s memory, still
+        known within n (`y = ids % 200; y.view(-1).add_(150)`): a value may share memory with it by ways not followed
+        (a list's item), so none is. What `target` shares memory with now holds values made of the inputs `sources`
+        are made of (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)` of a `buf` made of none), through `via`."""
         if _bare(via) in _KEEPS_IN_PLACE:
             return
         roots = self.roots(target)
@@ -311,7 +314,15 @@ class _Walk:
                 name = self.ids[v][0]
                 touched.add(name)
                 self.changed.setdefault(name, f"{via} changes its ids in place, which wok does not follow")
-        for v in [v for v in self.within if touched & set(self.inputs_of(v))]:
+        written = {name: f"{via}, which wok does not follow" for s in sources for name in self.inputs_of(s)}
+        for v in shared:
+            if v in self.ids:  # an input's ids, changed (no table of it kept): other inputs written in have no bound
+                for name in written.keys() - {self.ids[v][0]}:
+                    self.unbounded.setdefault(name, f"its ids are written into another input's by {via}")
+            elif written:
+                self.mixed[v] = {**written, **self.mixed.get(v, {})}
+        held = set(shared)
+        for v in [v for v in self.within if v in held or touched & set(self.inputs_of(v))]:
             _, op = self.within.pop(v)
             # The in-place op, not the `%` before it, is the step not followed (`y = ids % 200; y.view(-1).add_(1)`).
             then = f"{op}, then {via} in place, which wok does not follow"
@@ -591,7 +602,7 @@ def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
     schema = getattr(node.target, "_schema", None)
     if schema is None:  # operator.getitem of an op's results, a higher-order op
         if _is_in_place(op) and node.args:
-            walk.in_place(node.args[0], op)
+            walk.in_place(node.args[0], op, ins)
         walk.share(node, ins)
         return
     changed, filled = _effects(schema)
@@ -603,7 +614,7 @@ def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
         held = _schema_arg(node, name)
         for target in held if isinstance(held, (list, tuple)) else [held]:
             if isinstance(target, torch.fx.Node):
-                walk.in_place(target, _written_by(op, name))
+                walk.in_place(target, _written_by(op, name), ins)
     if changed or filled or _bare(op) not in _FRESH:
         walk.share(node, ins)
 
@@ -788,7 +799,7 @@ class _Script:
         for name in filled:
             self.walk.share(node.namedInput(name), ins)
         for name in changed:
-            self.walk.in_place(ins[0] if schema is None else node.namedInput(name), _written_by(kind, name))
+            self.walk.in_place(ins[0] if schema is None else node.namedInput(name), _written_by(kind, name), ins)
         if changed or filled or _bare(kind) not in _FRESH:
             for out in outs:
                 self.walk.share(out, ins)
@@ -932,8 +943,15 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
         if name in dtypes:
             walk.ids[node] = (name, dtypes[name], "")
     scripts: list[_Script] = []  # held to the end: their graphs' values are keys of walk's dicts
+    state = object()  # the module's tensors, as one value
     for node in traced.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr"):
+        if node.op == "get_attr":
+            # Each read of an attribute is a node of its own, and the trace makes a tensor forward makes of none a
+            # constant, each view of it another (`buf.view(-1)`): any may share memory with any other, so what one is
+            # written with (`torch.add(ids, 60, out=buf)`) any read after may hold, as TorchScript's reads of `self`.
+            walk.alias(node, state)
+            continue
+        if node.op in ("placeholder", "output"):
             continue
         if node.op == "call_module":
             _fx_module_call(walk, traced, node, scripts)
@@ -1056,13 +1074,13 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             walk.remainder(node, args[1], walk.integer_of(args[0]), name or shown)
         in_place = name is not None and name.endswith("_") and not name.endswith("__")
         if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
-            walk.in_place(args[0], shown)
+            walk.in_place(args[0], shown, ins)
         given = node.kwargs.get("out")
         written = (
             [given] if isinstance(given, torch.fx.Node) else [o for o in given or () if isinstance(o, torch.fx.Node)]
         )
         for out in written:  # `torch.sub(ids, 1, out=ids)`: its result is `out`, changed
-            walk.in_place(out, _written_by(shown, "out"))
+            walk.in_place(out, _written_by(shown, "out"), ins)
         # The result of a function of the model's own, of a tensor's attribute (`ids.data`), of an op not in _FRESH
         # (`ids.cpu()`, `ids += 1`) may be its argument.
         if written or not known or _bare(name or shown) not in _FRESH:

@@ -811,3 +811,99 @@ def test_a_remainder_under_a_torchscript_branch_is_within_its_largest_divisor():
     assert (found.bounds, found.rows) == ({}, {"ids": 100})
     how = "aten::remainder by 80, whose results from 50 to 79 are past its 50 rows"
     assert found.unpublished == {"ids": f"it reaches aten::embedding through {how}"}
+
+
+class Buffered(nn.Module):
+    """Ids written into a tensor made of no input (a constant to torch.fx's trace, each view of it another) by an op
+    wok does not follow, which a table then looks up: values from id 40 or 50 on are past a's 100 rows. `ids` also
+    reaches a as sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+
+    def forward(self, ids):
+        return self.a(self.written(ids)) + self.a(ids)
+
+
+class AddedIntoABuffer(Buffered):
+    def written(self, ids):
+        buf = torch.zeros(1, 3, dtype=torch.long)
+        torch.add(ids, 60, out=buf)
+        return buf
+
+
+class AddedInPlaceToABuffer(Buffered):
+    def written(self, ids):
+        buf = torch.zeros(1, 3, dtype=torch.long)
+        buf.add_(ids * 2)
+        return buf
+
+
+class AddedIntoABuffersView(Buffered):
+    def written(self, ids):
+        buf = torch.zeros(1, 3, dtype=torch.long)
+        flat = buf.view(-1)
+        flat.add_(ids.view(-1) * 2)
+        return buf
+
+
+class RemainderIntoABufferChanged(Buffered):
+    """The `% 100` is within a's rows, but it is the buffer's memory, changed after."""
+
+    def written(self, ids):
+        buf = torch.zeros(1, 3, dtype=torch.long)
+        held = torch.remainder(ids, 100, out=buf)
+        # Of a value of the trace's (the ids' size), so that torch.fx records it: a change of the trace's constant by
+        # constants alone is made as it traces, not in its graph.
+        buf.add_(ids.size(0) * 0 + 60)
+        return held
+
+
+def test_ids_written_into_a_tensor_that_reaches_a_table_have_no_bound():
+    """Each was published bound 100 (python and scripted forms; the exported graph reads the op's result, not the
+    buffer), where id 50 fails: the buffer, made of no input, was looked up as holding no ids, and a `% n` whose
+    memory was changed through the buffer it was written into was still taken within n."""
+    example = (torch.zeros(1, 3, dtype=torch.long),)
+    classes = (AddedIntoABuffer, AddedInPlaceToABuffer, AddedIntoABuffersView, RemainderIntoABufferChanged)
+    for cls in classes:
+        module = cls().eval()
+        module(torch.full((1, 3), 39))
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), 50))
+        for kind, model in _forms(module, example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert found.bounds == {}, (cls.__name__, kind)
+    found = id_ranges(torch.jit.script(AddedIntoABuffer().eval()), ["ids"], {"ids": torch.int64})
+    assert found.said() == (
+        "input 'ids' in [0, 100) (checked per request; no bound published: it reaches aten::embedding through "
+        "aten::add with out=, which wok does not follow)"
+    )
+
+
+class OtherIdsAddedIn(nn.Module):
+    """`other` doubled, added into `ids` in place: ids 0 with `other` from 50 on fail a."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+
+    def forward(self, ids, other):
+        ids.add_(other * 2)
+        return self.a(ids) + self.a(other)
+
+
+ADD_ = {"python": "add_", "scripted": "aten::add_"}
+
+
+def test_ids_written_into_another_inputs_have_no_bound():
+    """`other` was published bound 100 (python and scripted forms; the exported graph looks the sum up)."""
+    module = OtherIdsAddedIn().eval()
+    with pytest.raises(IndexError, match="index out of range"):
+        module(torch.zeros(1, 3, dtype=torch.long), torch.full((1, 3), 50))
+    example = (torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
+    for kind, model in _forms(module, example).items():
+        found = id_ranges(model, ["ids", "other"], {"ids": torch.int64, "other": torch.int64})
+        assert found.bounds == {}, kind
+        if kind != "exported":
+            assert found.unpublished == {"other": f"its ids are written into another input's by {ADD_[kind]}"}, kind
