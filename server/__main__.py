@@ -823,8 +823,10 @@ def _start_failure(exc: Exception) -> tuple[str, int]:
     its exit status: 2 for a config error (a warm-up's failure names the model's config file), else 1."""
     if isinstance(exc, StartError):
         return f"wok: {exc}", 1
-    # A config's refusal names paths as given (a newline in one split the line): one line, as the options' refusals.
-    return f"wok: {one_line(str(exc)) if isinstance(exc, ConfigError) else exc}", 2
+    # A config's refusal names paths as given (a newline in one split the line), and a warm-up's the model's own
+    # message (a terminal's escape reached the terminal): one line, as the options' refusals, and as `wok profile`
+    # says the same WarmupError (main's one_line of a ValueError).
+    return f"wok: {one_line(str(exc))}", 2
 
 
 def _exit_if_held(server, stop_signal: _StopSignal, status: int, line: str | None = None, lost=None) -> None:

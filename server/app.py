@@ -271,8 +271,11 @@ class WokServer:
                 # changed since the config was checked.
                 batcher = Batcher(name, executor, policy, stats, metrics)
             except BaseException:
-                # Not in self.runtimes yet, so stop() would not shut its worker threads down.
-                await loop.run_in_executor(None, executor.shutdown)
+                # Not in self.runtimes yet, so stop() would not shut its worker threads down. Bounded as the stop's
+                # wait is: a start cancelled in the warm-up (asyncio.run's on a Ctrl-C, a caller's wait_for) left
+                # the warm-up's forward running on the model thread, and this waited for its end, a stuck model's
+                # never. A warm-up that raised has ended its forward: the wait is the threads' exit.
+                await self._shutdown_within({name: executor}, lambda: 0.0, "as the start ended")
                 raise
             batcher.on_failed = functools.partial(self._model_failed, name)
             batcher.start()
@@ -639,18 +642,24 @@ class WokServer:
             raise failures[0]
 
     async def _shutdown_executors(self, left) -> None:
+        executors = {rt.servable.name: rt.executor for rt in self.runtimes.values()}
+        await self._shutdown_within(executors, left, "after the grace period")
+
+    async def _shutdown_within(self, executors: dict[str, Executor], left, when: str) -> None:
+        """Shut `executors` (by model name) down, waiting at most max(left(), 1 s) for a batch still running: a model
+        still in one then is logged ("... still running a batch {when}") and given up on (`abandoned_work`)."""
         # All at once under one deadline: one at a time, each stuck model would add its own second.
         loop = asyncio.get_running_loop()
         ends = {}
-        for rt in self.runtimes.values():
-            end, thread = _shutdown_on_own_thread(loop, rt.executor, rt.servable.name)
-            ends[end] = (rt.servable.name, thread)
+        for name, executor in executors.items():
+            end, thread = _shutdown_on_own_thread(loop, executor, name)
+            ends[end] = (name, thread)
         if ends:
             done, pending = await asyncio.wait(list(ends), timeout=max(left(), 1.0))
             for end, (name, thread) in ends.items():
                 if end in pending:
                     # A batch stuck in the model: its thread cannot be interrupted from Python.
-                    log.error("model '%s' is still running a batch after the grace period", name)
+                    log.error("model '%s' is still running a batch %s", name, when)
                     self.abandoned_work = True
                     end.cancel()  # its thread, ending later, then sets nothing
                 else:

@@ -61,6 +61,7 @@ import torch
 from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
 from .errors import (
+    MESSAGE_BYTES,
     ConfigError,
     DeviceLost,
     InvalidInput,
@@ -81,6 +82,12 @@ log = logging.getLogger("wok")
 # The largest batch, in rows, whose oneDNN kernels the warm-up builds; larger ones are built on
 # first use.
 WARMUP_MAX_ROWS = 64
+# A warm-up's failure shows the model's message (its failure_line) up to this many bytes (errors.cut_message), as
+# a failed batch's is cut everywhere else: whole, a message of 1 MB made `wok serve`'s refusal a 1 MB line. Half of
+# MESSAGE_BYTES: the refusal adds the batch's shapes, the config's path and a hint, and `wok profile` its own words,
+# and a command's line of more than MESSAGE_CHARS is cut again in its middle (cliargs.one_line), its note then
+# counting the first cut's text: the two commands said the failure differently.
+WARMUP_MESSAGE_BYTES = MESSAGE_BYTES // 2
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
 # Failed batches in a row, rerun in parts, whose every request failed alone too (a model failing
 # every input runs 2n - 1 forwards for each batch of n), after which a failed batch first reruns
@@ -1180,7 +1187,7 @@ class Executor:
             # wok's own check names the model, the output, what it expected and what it got, as a batch's
             # callers are told it; as the model's failure it read "model 'M' failed: ModelExecutionError: model
             # 'M' output ...", the model named twice beside a class of wok's.
-            what = str(exc) if own_check else failure_line(cfg.name, exc)
+            what = cut_message(str(exc) if own_check else failure_line(cfg.name, exc), WARMUP_MESSAGE_BYTES)
             raise WarmupError(
                 f"{what}; in the start-up warm-up, on a batch of "
                 f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}",

@@ -1,5 +1,6 @@
 """A stop with several models each stuck in a batch past the grace period: the server waits for
-their executors all at once, about one second in all, not one second per model, and names each."""
+their executors all at once, about one second in all, not one second per model, and names each. A start
+cancelled in a stuck warm-up waits for that model's executor as long, and names it."""
 
 from __future__ import annotations
 
@@ -73,3 +74,43 @@ async def _stop_with_stuck_models(gated_model, count: int, caplog) -> None:
 def test_a_stop_waits_for_all_stuck_models_at_once_and_names_each(run_on, gated_model, loop, count, caplog):
     # 8: more than the default thread pool's 6 threads on a 2-core machine.
     run_on(loop, _stop_with_stuck_models(gated_model, count, caplog))
+
+
+async def _cancel_a_start_stuck_in_its_warm_up(gated_model, caplog) -> None:
+    # The warm-up's forward blocks at the closed gate (`entered`: it reached the model).
+    servable, module = gated_model(name="stuck")
+    module.gate.clear()
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    loop = asyncio.get_running_loop()
+    caplog.set_level(logging.ERROR, logger="wok")
+    starting = asyncio.ensure_future(server.start())
+    try:
+        assert await loop.run_in_executor(None, module.entered.wait, 10), "the warm-up never reached the model"
+        started = time.monotonic()
+        starting.cancel()
+        await asyncio.wait({starting})
+        took = time.monotonic() - started
+        assert starting.cancelled()
+        # The start's cleanup waits a second, as a stop with no grace left does; unbounded, it waited for the
+        # warm-up's forward (here the gate's 10 s backstop, a stuck model's forever).
+        assert took < 3.0, f"the cancelled start took {took:.2f} s to end"
+        assert server.abandoned_work
+        logged = [r.getMessage() for r in caplog.records if "is still running" in r.getMessage()]
+        assert logged == ["model 'stuck' is still running a batch as the start ended"], logged
+    finally:
+        module.gate.set()
+        if not starting.done():
+            await asyncio.wait({starting})
+        await server.stop(grace=5.0)
+        # The warm-up's forward ends now: wait for the start's shutdown thread.
+        for t in threading.enumerate():
+            if t.name == "wok-stuck-shutdown":
+                await loop.run_in_executor(None, t.join, 10)
+                assert not t.is_alive(), f"{t.name} did not end"
+
+
+def test_a_start_cancelled_in_a_stuck_warm_up_ends_within_a_second_and_gives_the_model_up(run_on, gated_model, caplog):
+    """A start cancelled in its warm-up (asyncio.run's on a Ctrl-C, a caller's wait_for) shut the model's executor
+    down with no bound: it waited for the warm-up's forward, as long as the model held it. Bounded as the stop's
+    wait is, the model is given up on (`abandoned_work`, which `wok serve` exits hard on) and named."""
+    run_on("asyncio", _cancel_a_start_stuck_in_its_warm_up(gated_model, caplog))

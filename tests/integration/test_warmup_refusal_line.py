@@ -1,0 +1,63 @@
+"""A model whose start-up warm-up fails with a long message, or one holding a terminal's escape: `wok serve` says
+one bounded line (exit 2), its model's message cut as a failed batch's is everywhere else (errors.cut_message), and
+`wok profile` refuses the model in the very same words. `wok serve` printed the WarmupError whole (a 1 MB line,
+the raw escape), and the profile's line, cut and escaped by its own rules (cliargs.one_line), said otherwise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from wok.__main__ import main
+from wok.errors import CUT_NOTE, MESSAGE_CHARS
+
+from ..conftest import write_python_model
+
+LOUD_MODEL = """
+from torch import nn
+
+
+class Loud(nn.Module):
+    def forward(self, x):
+        raise RuntimeError(MESSAGE)
+
+
+def build():
+    return Loud()
+"""
+
+LONG = 1_000_000
+FAILED = "model 'loud' failed: RuntimeError: "
+PROFILE_SAYS = "wok profile: wok serve refuses the model at its start: "
+
+
+@pytest.mark.parametrize("message", ['"y" * 1_000_000', '"\\x1b[31mred"'], ids=["1 MB message", "terminal escape"])
+def test_a_warm_up_failure_is_one_bounded_line_that_wok_profile_says_alike(tmp_path, capsys, message):
+    folder = write_python_model(tmp_path / "repo" / "loud", LOUD_MODEL.replace("MESSAGE", message))
+    config = folder / "config.toml"
+    cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(folder.parent), "--port", "0"]
+    done = subprocess.run([*cmd, "--metrics-port", "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-4000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith(f"wok: {FAILED}")]
+    assert len(said) == 1, done.stderr[-4000:]
+    line = said[0]
+    assert line.endswith(
+        f"; in the start-up warm-up, on a batch of zeros with input shapes INPUT0 [1, 4] on cpu (config: {config})"
+    ), line[-2000:]
+    assert len(line) <= MESSAGE_CHARS, f"{len(line):,} characters"
+    assert "\x1b" not in done.stderr, line[:2000]
+    if message.startswith('"y"'):
+        # The model's part (FAILED and its message) is cut, its note giving the whole length; the context is whole.
+        assert line.startswith(f"wok: {FAILED}yyy"), line[:200]
+        assert CUT_NOTE.format(len(FAILED) + LONG) + "; in the start-up warm-up" in line, line[-2000:]
+    else:
+        assert line.startswith(f"wok: {FAILED}\\x1b[31mred; in the start-up warm-up"), line
+    # No other line repeats the message.
+    assert len(done.stderr) < 2 * MESSAGE_CHARS, f"{len(done.stderr):,} characters on stderr"
+
+    fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "loud", "--model-repository", str(folder.parent), *fast]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"\n{PROFILE_SAYS}{line.removeprefix('wok: ')}\n"), err[-3000:]
