@@ -293,7 +293,9 @@ def test_token_settings_name_each_mistake(pki, tmp_path, monkeypatch):
     monkeypatch.setenv("WOK_TEST_TOKENS", "tooshort")
     msg = settings_error(auth_token_env="WOK_TEST_TOKENS")
     assert "environment variable WOK_TEST_TOKENS: token 1 (line 1) is 8 characters" in msg and "tooshort" not in msg
-    assert "String should match pattern" in settings_error(auth_token_env="NOT-A-NAME")
+    assert "auth_token_env: expected a string matching '^[A-Za-z_][A-Za-z0-9_]*$'; got 'NOT-A-NAME'" in settings_error(
+        auth_token_env="NOT-A-NAME"
+    )
     monkeypatch.setenv("WOK_TEST_TOKENS", f"{TOKEN_A},{TOKEN_B}")
     assert server_settings(auth_token_env="WOK_TEST_TOKENS", auth_token_file=pki.path("tokens")).auth_token_env
 
