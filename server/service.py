@@ -854,26 +854,37 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         window = self.stream_window
 
+        def take(req) -> bool:
+            """Start on `req`, a request read (False at the end of the client's side, grpc.aio.EOF)."""
+            if req is grpc.aio.EOF:
+                return False
+            st.owed += 1
+            self._begin()
+            if isinstance(req, Unparsed):  # answered in order; the stream goes on
+                self.server.metrics.unparsed_requests += 1
+                code, details = to_status(req.error)
+                # Nothing of the request could be read: no model or id to answer with; counted
+                # under no model's name as it is written.
+                results.put_nowait((error_answer(code, details, self.send_limit), None, "", code.name, None))
+            else:
+                t = asyncio.get_running_loop().create_task(one(req))
+                tasks[t] = req
+                t.add_done_callback(lambda t: tasks.pop(t, None))
+            return True
+
         async def read() -> bool:
             """Read requests until the client closes its side (False) or the server stops (True).
 
             Reads no further while the stream owes `window` answers: the requests of a client that
             writes faster than it reads wait in its transport, held by HTTP/2's flow control, and
             the server holds at most `window` answers. A client that writes every request before it
-            reads any answer blocks once it is that far ahead (plus what the transports buffer)."""
-            async for req in request_iterator:
-                st.owed += 1
-                self._begin()
-                if isinstance(req, Unparsed):  # answered in order; the stream goes on
-                    self.server.metrics.unparsed_requests += 1
-                    code, details = to_status(req.error)
-                    # Nothing of the request could be read: no model or id to answer with; counted
-                    # under no model's name as it is written.
-                    results.put_nowait((error_answer(code, details, self.send_limit), None, "", code.name, None))
-                else:
-                    t = asyncio.get_running_loop().create_task(one(req))
-                    tasks[t] = req
-                    t.add_done_callback(lambda t: tasks.pop(t, None))
+            reads any answer blocks once it is that far ahead (plus what the transports buffer).
+
+            Through context.read(), and into `take` with no name for it here: `async for` over
+            `request_iterator` (grpc.aio's generator of context.read()) kept the last request read,
+            twice (the generator's variable and the loop's), while the next read waited, and with it
+            the bytes gRPC received for it: a stream idle after a large request held them."""
+            while take(await context.read()):
                 if self.closing:  # this one is answered (UNAVAILABLE); read no more
                     return True
                 if st.owed >= window:
@@ -933,6 +944,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 st.writing_since = None
                 writing = None
                 self._count_answer(item[1], item[2], item[3], item[4])
+                # Not kept while the next answer is awaited: a stream that idles would hold its last answer.
+                item = None
                 st.owed -= 1
                 if st.owed < window:
                     st.room.set()

@@ -9,6 +9,7 @@ answer (its client reads nothing) ends quietly, as a unary call does: no ERROR i
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import tracemalloc
 
@@ -323,8 +324,8 @@ async def test_an_answer_waiting_to_be_written_keeps_nothing_of_its_request(serv
                 held = tracemalloc.get_traced_memory()[0] - before
             finally:
                 tracemalloc.stop()
-            # gRPC's iterator of the stream's requests keeps the last one read until the next arrives: one request.
-            assert held < 2 * SINK * 4, f"{held:,} bytes held by {n} answers of 4 bytes waiting to be written"
+            # Not one request (the stream's reader keeps none of them: test_a_stream_idle_after_a_large_request_...).
+            assert held < SINK * 4 // 2, f"{held:,} bytes held by {n} answers of 4 bytes waiting to be written"
             # Every request has its one answer, once the client reads.
             await call.done_writing()
             answers = [r async for r in call]
@@ -332,3 +333,81 @@ async def test_an_answer_waiting_to_be_written_keeps_nothing_of_its_request(serv
     assert [a.error_message for a in answers] == [""] * (12 + n)
     assert sorted(a.infer_response.id for a in answers) == sorted([str(i) for i in range(12)] + ["sink"] * n)
     assert server.service.active == 0
+
+
+async def _idle_streams(server, stub, request: pb.ModelInferRequest, n: int) -> list:
+    """`n` open streams, each having sent `request` once and read its answer; returns once the server has written
+    and counted every answer, when each stream's handler waits for the next request and the next answer."""
+    calls = []
+    for _ in range(n):
+        call = stub.ModelStreamInfer(timeout=30)
+        await call.write(request)
+        answer = await call.read()
+        assert not answer.error_message, answer.error_message
+        calls.append(call)
+
+    async def idle():
+        while server.service.active:
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(idle(), 10)
+    return calls
+
+
+async def _close(calls: list) -> None:
+    for call in calls:
+        await call.done_writing()
+        assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+
+
+def _sink_server(serve, tmp_path):
+    repo = tmp_path / "sink-repo"
+    _write_model(repo, "sink", SINK, 1)
+    return serve(repository=repo)
+
+
+async def test_a_stream_idle_after_a_large_request_keeps_nothing_of_it(serve, tmp_path):
+    # A stream's handler read its requests with `async for` over grpc.aio's request iterator, which kept the last
+    # request read (twice: the iterator's variable and the loop's) until the next came: the bytes gRPC received for
+    # it, up to gRPC's receive limit, held for as long as the stream stayed open and idle. 4 streams of one 4 MiB
+    # request each held 16.8 MB.
+    n = 4
+    request = encode_request("sink", {"INPUT0": np.ones((1, SINK), np.float32)}, request_id="idle")
+    async with _sink_server(serve, tmp_path) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            await _close(await _idle_streams(server, stub, request, 1))  # gRPC's and the model's first allocations
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                calls = await _idle_streams(server, stub, request, n)
+                held = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert held < SINK * 4 // 2, f"{held:,} bytes held by {n} idle streams of one {SINK * 4:,}-byte request"
+            # Each stream goes on: a second request on each has its answer.
+            for call in calls:
+                await call.write(request)
+                assert not (await call.read()).error_message
+            await _close(calls)
+    assert server.runtimes["sink"].stats.inference_count == 2 * n + 1
+
+
+async def test_a_stream_idle_after_an_answer_keeps_nothing_of_it(serve, tmp_path):
+    # The handler's loop kept the last answer it wrote in its variable while it waited for the next one: as large
+    # as the model's answer (up to the send limit) for as long as the stream stayed open and idle.
+    n = 4
+    request = encode_request("sink", {"INPUT0": np.ones((1, SINK), np.float32)}, request_id="idle-answer")
+    async with _sink_server(serve, tmp_path) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            calls = await _idle_streams(server, stub, request, n)
+            gc.collect()
+            kept = [
+                o
+                for o in gc.get_objects()
+                if type(o) is pb.ModelStreamInferResponse and o.infer_response.id == "idle-answer"
+            ]
+            assert not kept, f"{len(kept)} answers kept by {n} idle streams, each answered once"
+            await _close(calls)

@@ -487,8 +487,15 @@ async def test_a_request_the_batcher_refused_at_its_deadline_counts_deadline_whe
         await server.stop(grace=5)
 
 
-class _EndedCall:
-    """What the stream handler asks of its context once the call has ended: the time left (none set)."""
+class _StreamCall:
+    """A stream's call as its handler reads it: its requests from `requests` (an async iterator), as grpc.aio's
+    context.read() gives them (grpc.aio.EOF at their end), and the time left (none set)."""
+
+    def __init__(self, requests) -> None:
+        self._requests = aiter(requests)
+
+    async def read(self):
+        return await anext(self._requests, grpc.aio.EOF)
 
     def time_remaining(self) -> None:
         return None
@@ -498,7 +505,7 @@ async def test_a_stream_request_read_but_not_begun_when_the_call_ends_is_counted
     """The handler reads a request and makes its task; the call ends (the client cancelled) before
     that task runs, so `infer`, which counts a cancelled request's code, never sees it. Through gRPC
     the window is one turn of the loop; here the order is forced: the handler is called directly and
-    its request iterator cancels it as it hands the request over."""
+    the requests its context reads cancel it as they hand the request over."""
     async with serve(models=("mlp",)) as server:
         rt = server.runtimes["mlp"]
         handler: asyncio.Future
@@ -508,7 +515,7 @@ async def test_a_stream_request_read_but_not_begun_when_the_call_ends_is_counted
             yield encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
             await asyncio.Event().wait()
 
-        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), _EndedCall()))
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(None, _StreamCall(requests())))
         with pytest.raises(asyncio.CancelledError):
             await handler
         assert rt.metrics.responses == {"CANCELLED": 1}
@@ -522,14 +529,12 @@ async def _three_then_open(request):
     await asyncio.Event().wait()
 
 
-class _UnreadCall:
+class _UnreadCall(_StreamCall):
     """A stream's call whose client reads nothing: each write waits, as flow control holds it."""
 
-    def __init__(self) -> None:
+    def __init__(self, requests) -> None:
+        super().__init__(requests)
         self.writes = 0
-
-    def time_remaining(self) -> None:
-        return None
 
     async def write(self, message) -> None:
         self.writes += 1
@@ -544,8 +549,8 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         rt = server.runtimes["mlp"]
         request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
 
-        call = _UnreadCall()
-        handler = asyncio.ensure_future(server.service.ModelStreamInfer(_three_then_open(request), call))
+        call = _UnreadCall(_three_then_open(request))
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(None, call))
         while rt.metrics.request.count < 3 or call.writes < 1:  # every answer made, the first held in its write
             await asyncio.sleep(0.005)
         handler.cancel()
@@ -557,11 +562,12 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         assert server.service.active == 0
 
 
-class _DeadlineCall:
+class _DeadlineCall(_StreamCall):
     """A stream's call whose client reads every answer, with a deadline once `deadline` (time.time())
     is set: its time left as gRPC's context gives it, never below 0."""
 
-    def __init__(self) -> None:
+    def __init__(self, requests) -> None:
+        super().__init__(requests)
         self.deadline: float | None = None
         self.written: list[str] = []
 
@@ -596,8 +602,8 @@ async def test_a_stream_answer_made_after_its_calls_deadline_passed_is_not_writt
             while sum(rt.metrics.responses.values()) < n:
                 await asyncio.sleep(0.005)
 
-        call = _DeadlineCall()
-        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), call))
+        call = _DeadlineCall(requests())
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(None, call))
         try:
             await asyncio.wait_for(counted(1), 10)
             assert call.written == ["0"]
@@ -636,8 +642,8 @@ async def test_stream_answers_of_no_model_its_call_ended_before_writing_count_as
     async with serve(models=("mlp",)) as server:
         metrics = server.metrics
         request = _no_model_request(kind)
-        call = _UnreadCall()
-        handler = asyncio.ensure_future(server.service.ModelStreamInfer(_three_then_open(request), call))
+        call = _UnreadCall(_three_then_open(request))
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(None, call))
         while _refused(metrics, kind) < 3 or call.writes < 1:  # every answer made, the first held in its write
             await asyncio.sleep(0.005)
         handler.cancel()
@@ -703,8 +709,8 @@ async def test_stream_errors_its_call_ended_before_writing_count_no_fail(serve, 
             inst.fault.set(Fault("fail"))
         request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
 
-        call = _OneWriteCall()
-        handler = asyncio.ensure_future(server.service.ModelStreamInfer(_three_then_open(request), call))
+        call = _OneWriteCall(_three_then_open(request))
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(None, call))
         while len(made) < 3 or call.writes < 2:
             await asyncio.sleep(0.005)
         handler.cancel()
