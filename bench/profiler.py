@@ -798,6 +798,19 @@ def _served(servable: Servable, exc: Exception, where: str) -> str:
     return f"served, model '{servable.name}' answers such a request {code.name} {where}: {details}"
 
 
+def _pool_unmade(servable: Servable, cfg: ProfileConfig, count: int, exc: MemoryError) -> str:
+    """The refusal of a profile whose request pool (`count` requests, more drawn to fill a batching key) could not
+    be made: by the option that sized its variable dims, else by the model's dims, and the allocation that failed."""
+    if any(t.variable for t in servable.config.inputs):
+        what = f"--sizes {cfg.sizes}: expected requests of model '{servable.name}'"
+    else:
+        what = f"model '{servable.name}': expected inputs"
+    return (
+        f"{what} of which the profile's {count} fit in memory (it draws them all before it times a batch); "
+        f"got {message_of(exc).rstrip('.')}"
+    )
+
+
 def _told(servable: Servable, exc: ModelExecutionError | InvalidInput) -> str:
     """A batch's failure as the profile tells it: the model's (its line names the model), or its assemble's refusal
     (wok's InvalidInput, whose text need not name the model; named once where it does). Either is the details a
@@ -878,7 +891,12 @@ def profile(
     sizes = list(dict.fromkeys(cfg.batch_sizes))
     try:
         with warmed_executor(servable, device, cfg) as executor:
-            pool = keyed_pool(servable, cfg, max(256, 4 * max(sizes)), max(sizes))
+            count = max(256, 4 * max(sizes))
+            try:
+                pool = keyed_pool(servable, cfg, count, max(sizes))
+            except MemoryError as exc:
+                # The warm-up's sample fits where the pool may not: a variable dim is warmed at its least size.
+                raise ValueError(_pool_unmade(servable, cfg, count, exc)) from None
             high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
             capped = _type_capped(servable, high, by_input)
             refused = _check_as_served(servable, pool.requests)

@@ -1981,6 +1981,24 @@ def test_dims_no_sample_of_which_fits_in_memory_are_refused_in_the_servers_words
     assert err.endswith(f"\nwok profile: wok serve refuses the model at its start: {served}\n"), err
 
 
+def test_requests_too_big_for_memory_are_refused_not_a_traceback(tmp_path, capsys):
+    """Requests that the server's warm-up passes (a variable dim warmed as 1) but whose pool cannot be made: drawing the
+    pool ended `wok profile` in numpy's MemoryError traceback (exit 1). Refused, naming the option that made them and
+    the allocation that failed. 10^17 FP32 values a request: past any machine's address space, refused by the
+    allocation itself, never a page of it touched."""
+    folder = write_python_model(tmp_path / "repo" / "wide", IDENTITY_MODEL, 4, dims="-1")
+    fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    argv = ["profile", "wide", "--model-repository", str(folder.parent), "--sizes", "fixed:100000000000000000"]
+    assert main([*argv, *fast]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    said = (
+        "wok profile: --sizes fixed:100000000000000000: expected requests of model 'wide' of which the profile's 256 "
+        "fit in memory (it draws them all before it times a batch); got Unable to allocate "
+    )
+    assert err.strip().splitlines()[-1].startswith(said), err
+
+
 LOUD_MODEL = """
 import torch
 from torch import nn
