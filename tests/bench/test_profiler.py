@@ -1920,24 +1920,29 @@ def test_a_warm_up_batch_of_1_that_fails_refuses_the_profile(tmp_path):
     assert [b["batch_size"] for b in doc["batches"]] == [2, 4]
 
 
+def _warm_up_refusal(folder) -> str:
+    """What `wok serve` says of the model at `folder` as its start-up warm-up fails (the WarmupError's text)."""
+    from wok.errors import WarmupError
+    from wok.executor import Executor
+
+    servable = load_servable(folder)
+    executor = Executor(servable, servable.config.instances)
+    try:
+        with pytest.raises(WarmupError) as failed:
+            executor.warmup()
+    finally:
+        executor.shutdown()
+    return str(failed.value)
+
+
 @pytest.mark.parametrize("sizes", ["1,2", "2,4"])
 def test_a_model_wok_serve_refuses_at_its_start_is_refused_in_the_servers_words(tmp_path, capsys, sizes):
     """A model whose first forward fails, of zeros too, fails the server's start-up warm-up (a batch of 1 of zeros,
     Executor.warmup), and `wok serve` refuses it (exit 2). Its first batch absorbed by the profile's warm-up batch of 2
     (its requests answered in parts), `--batch-sizes 2,4` profiled it (exit 0), and `1,2` was refused as the inputs'
     failure. The profile runs the server's warm-up, and refuses the model in the server's words."""
-    from wok.errors import WarmupError
-    from wok.executor import Executor
-
     folder = _cold(tmp_path, 1, on_zeros=True)
-    cold = load_servable(folder)
-    executor = Executor(cold, cold.config.instances)
-    try:
-        with pytest.raises(WarmupError) as failed:
-            executor.warmup()
-    finally:
-        executor.shutdown()
-    served = str(failed.value)
+    served = _warm_up_refusal(folder)
     assert served == (
         "model 'cold' failed: RuntimeError: not set up yet; in the start-up warm-up, on a batch of zeros with input "
         f"shapes INPUT0 [1, 4] on cpu (config: {folder / 'config.toml'})"
@@ -1962,18 +1967,8 @@ def test_dims_no_sample_of_which_fits_in_memory_are_refused_in_the_servers_words
     sample of zeros of it (exit 2); the profile drew its request pool first, and numpy's error ended it in a traceback
     (exit 1). It runs the server's warm-up before it draws a request, and refuses the model in the server's words. Too
     big for any machine: numpy refuses it without asking the system for memory, which may overcommit."""
-    from wok.errors import WarmupError
-    from wok.executor import Executor
-
     folder = write_python_model(tmp_path / "repo" / "huge", IDENTITY_MODEL, 4, dims="1000000000000, 1000000000000")
-    huge = load_servable(folder)
-    executor = Executor(huge, huge.config.instances)
-    try:
-        with pytest.raises(WarmupError) as failed:
-            executor.warmup()
-    finally:
-        executor.shutdown()
-    served = str(failed.value)
+    served = _warm_up_refusal(folder)
     assert "cannot make a sample of zeros for input 'INPUT0', shape [1, 1000000000000, 1000000000000]" in served
     fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
     assert main(["profile", "huge", "--model-repository", str(folder.parent), *fast]) == 2
