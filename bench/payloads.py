@@ -62,12 +62,19 @@ def _quoted(text: str) -> str:
     return quoted_name(text)
 
 
-def _int(value: object, what: str, minimum: int) -> int:
+# The largest size a distribution may give: sizes are drawn as int64 (Empirical's bound too). A fixed:10^20 was
+# accepted, and its first draw ended the run in an OverflowError traceback.
+SIZE_MOST = 2**63 - 1
+
+
+def _int(value: object, what: str, minimum: int, most: int | None = None) -> int:
     # A whole float passes (a size read from JSON may be 4.0); integer_refusal says why anything else does not.
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if (refusal := integer_refusal(what, value, minimum)) is not None:
         raise ValueError(refusal)
+    if most is not None and value > most:  # the top said only to a value past it
+        raise ValueError(integer_refusal(what, value, minimum, most=most))
     return int(value)
 
 
@@ -135,7 +142,7 @@ class Fixed:
     n: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "n", _int(self.n, "fixed size", 0))
+        object.__setattr__(self, "n", _int(self.n, "fixed size", 0, SIZE_MOST))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.n, dtype=np.int64)
@@ -149,8 +156,8 @@ class Uniform:
     hi: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lo", _int(self.lo, "uniform lo", 0))
-        object.__setattr__(self, "hi", _int(self.hi, "uniform hi", 0))
+        object.__setattr__(self, "lo", _int(self.lo, "uniform lo", 0, SIZE_MOST))
+        object.__setattr__(self, "hi", _int(self.hi, "uniform hi", 0, SIZE_MOST))
         if self.hi < self.lo:
             raise ValueError(f"uniform hi {self.hi} is below lo {self.lo}")
 
@@ -175,7 +182,7 @@ class LogNormal:
             raise ValueError(f"lognormal median: expected a finite number > 0; got {self.median!r}")
         if not (math.isfinite(self.sigma) and self.sigma >= 0):
             raise ValueError(f"lognormal sigma: expected a finite number >= 0; got {self.sigma!r}")
-        object.__setattr__(self, "max", _int(self.max, "lognormal max", 1))
+        object.__setattr__(self, "max", _int(self.max, "lognormal max", 1, SIZE_MOST))
         if self.median > self.max:
             raise ValueError(f"lognormal median: expected at most max {self.max}; got {self.median:g}")
 

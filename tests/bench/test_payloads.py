@@ -155,6 +155,23 @@ def test_fixed_and_uniform():
     assert stats.chisquare(counts).pvalue > 0.01
 
 
+@pytest.mark.parametrize(
+    ("spec", "what", "least"),
+    [
+        ("fixed:100000000000000000000", "fixed size", 0),
+        ("uniform:1:9223372036854775808", "uniform hi", 0),
+        ("lognormal:median=20,sigma=0.8,max=9223372036854775808", "lognormal max", 1),
+    ],
+)
+def test_a_size_past_int64_is_refused_not_drawn(spec, what, least):
+    # Sizes are drawn as int64: fixed:10^20 was accepted, and its first draw an OverflowError traceback.
+    got = spec.rpartition("=")[2].rpartition(":")[2]
+    with pytest.raises(ValueError) as refused:
+        parse_sizes(spec).sample(np.random.default_rng(0), 1)
+    assert str(refused.value) == f"sizes '{spec}': {what}: expected an integer from {least} to {2**63 - 1}; got {got}"
+    assert Fixed(2**63 - 1).sample(np.random.default_rng(0), 1).tolist() == [2**63 - 1]
+
+
 def test_lognormal_median_and_tail():
     x = LogNormal(20, 0.8, 256).sample(np.random.default_rng(7), 20000)
     assert x.dtype == np.int64 and x.min() >= 1
