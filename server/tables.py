@@ -22,11 +22,12 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
 model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why. Nor is one whose ids
-are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, through a view, a list's item
-or an op that may return them: `l = [ids]; l[0].sub_(1)`, `ids.cpu().sub_(1)`): neither `rows` nor `bounds`, as the
-graphs of TorchScript, torch.fx and torch.export go on reading the changed value as the ids the request sent
-(`_Walk.in_place`, `_Walk.share`). Ids written into another tensor by such an op (`buf.add_(ids)`,
-`torch.add(ids, 60, out=buf)`) reach a table through it, not followed, where `buf` or what shares its memory does.
+are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, `ids.data = ids + 1`,
+through a view, a list's item or an op that may return them: `l = [ids]; l[0].sub_(1)`, `ids.cpu().sub_(1)`): neither
+`rows` nor `bounds`, as the graphs of TorchScript, torch.fx and torch.export go on reading the changed value as the
+ids the request sent (`_Walk.in_place`, `_Walk.share`); what any op writes with `out=` is not followed. Ids written
+into another tensor by such an op (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)`) reach a table through it, not
+followed, where `buf` or what shares its memory does.
 """
 
 from __future__ import annotations
@@ -733,7 +734,11 @@ class _Script:
             kind = node.kind()
             ins = list(node.inputs())
             outs = list(node.outputs())
-            if kind == "prim::If":
+            if _writes_out(node):
+                # Its result is the tensor given (`torch.index_select(x, 0, pos, out=ids)` changes the ids): not
+                # followed as ids nor as a lookup, and what it writes read from its schema.
+                self.unfollowed(node, kind, ins, outs)
+            elif kind == "prim::If":
                 self.branch(node, ins, outs, conditional)
             elif list(node.blocks()):
                 # A loop: what it looks up runs only on some requests, and what it returns is not followed.
@@ -779,15 +784,20 @@ class _Script:
                 want, read = _script_dtype(node)
                 walk.keep(outs[0], ins[0], want, kind, read=read)
             else:
-                walk.derive(outs, ins, kind, into=_writes_out(node))
-                if outs:
-                    walk.integer_op(outs[0], kind, [self.integer_arg(v) for v in ins])
-                    tensors = [v for v in ins if isinstance(v.type(), torch._C.TensorType)]
-                    others = [self.constant(v) for v in ins if v not in tensors]
-                    walk.mask_op(outs[0], kind, tensors, others, into=_writes_out(node))
-                if kind == "aten::remainder" and len(ins) == 2:
-                    walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]), kind)
-                self.writes(node, kind, ins, outs)
+                self.unfollowed(node, kind, ins, outs)
+
+    def unfollowed(self, node, kind: str, ins: list, outs: list) -> None:
+        """An op whose result is not followed as ids: derived from its inputs, with what it writes."""
+        walk = self.walk
+        walk.derive(outs, ins, kind, into=_writes_out(node))
+        if outs:
+            walk.integer_op(outs[0], kind, [self.integer_arg(v) for v in ins])
+            tensors = [v for v in ins if isinstance(v.type(), torch._C.TensorType)]
+            others = [self.constant(v) for v in ins if v not in tensors]
+            walk.mask_op(outs[0], kind, tensors, others, into=_writes_out(node))
+        if kind == "aten::remainder" and len(ins) == 2:
+            walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]), kind)
+        self.writes(node, kind, ins, outs)
 
     def writes(self, node, kind: str, ins: list, outs: list) -> None:
         """What an op not followed writes, read from its schema (a prim node has none: an in-place op by its name): a
@@ -1012,7 +1022,17 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
     shown = target if isinstance(target, str) else getattr(target, "__name__", str(target))
     name = _fx_op(node)
     args = node.args
-    if target is torch.nn.functional.embedding or target is torch.nn.functional.embedding_bag:
+    if target is setattr and len(args) == 3:  # `ids.data = ids + 60` (`_Assigned`): ids changed to the value's
+        if args[1] not in _KEEPS_IN_PLACE:
+            walk.in_place(args[0], f"an assignment to .{args[1]}", [a for a in ins if a is not args[0]])
+            walk.share(args[0], ins)
+        return
+    if "out" in node.kwargs:
+        # Its result is the tensor given, which may be one the trace does not follow the changes of (a constant
+        # forward made: `buf.add_(60)` of constants alone is done as it traces, not in its graph), so nothing it
+        # writes is taken as ids, a `% n` or a lookup (`torch.index_select(x, 0, pos, out=ids)` changes the ids).
+        _fx_unfollowed(walk, node, name, shown, ins)
+    elif target is torch.nn.functional.embedding or target is torch.nn.functional.embedding_bag:
         index = _fx_arg(node, 0, "input")
         table = _fx_arg(node, 1, "weight")
         partial = ""
@@ -1061,30 +1081,39 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
     elif target is getattr and len(args) == 2 and args[1] in _FX_SHAPES:
         return  # `ids.shape`: none of its ids
     else:
-        # A function not torch's nor python's operator (the model's own) is never taken for one of _NO_LOOKUP's.
-        known = name is not None or _py_operator(target)
-        walk.derive([node], ins, shown, reads=None if known else True, into="out" in node.kwargs)
-        if known:
-            walk.integer_op(node, name or shown, [_fx_integer(walk, a) for a in (*args, *node.kwargs.values())])
-            given = [*args, *(v for k, v in node.kwargs.items() if k != "out")]
-            tensors = [a for a in given if isinstance(a, torch.fx.Node)]
-            others = [a for a in given if not isinstance(a, torch.fx.Node)]
-            walk.mask_op(node, name or shown, tensors, others, into="out" in node.kwargs)
-        if (target is operator.mod or name == "remainder") and len(args) == 2:
-            walk.remainder(node, args[1], walk.integer_of(args[0]), name or shown)
-        in_place = name is not None and name.endswith("_") and not name.endswith("__")
-        if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
-            walk.in_place(args[0], shown, ins)
-        given = node.kwargs.get("out")
-        written = (
-            [given] if isinstance(given, torch.fx.Node) else [o for o in given or () if isinstance(o, torch.fx.Node)]
-        )
-        for out in written:  # `torch.sub(ids, 1, out=ids)`: its result is `out`, changed
-            walk.in_place(out, _written_by(shown, "out"), ins)
-        # The result of a function of the model's own, of a tensor's attribute (`ids.data`), of an op not in _FRESH
-        # (`ids.cpu()`, `ids += 1`) may be its argument.
-        if written or not known or _bare(name or shown) not in _FRESH:
-            walk.share(node, ins)
+        _fx_unfollowed(walk, node, name, shown, ins)
+
+
+def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -> None:
+    """A call_function or call_method node whose result is not followed as ids: derived from its inputs, with what
+    it writes."""
+    target = node.target
+    args = node.args
+    into = "out" in node.kwargs
+    # A function not torch's nor python's operator (the model's own) is never taken for one of _NO_LOOKUP's.
+    known = name is not None or _py_operator(target)
+    walk.derive([node], ins, shown, reads=None if known else True, into=into)
+    if known:
+        walk.integer_op(node, name or shown, [_fx_integer(walk, a) for a in (*args, *node.kwargs.values())])
+        given = [*args, *(v for k, v in node.kwargs.items() if k != "out")]
+        tensors = [a for a in given if isinstance(a, torch.fx.Node)]
+        others = [a for a in given if not isinstance(a, torch.fx.Node)]
+        walk.mask_op(node, name or shown, tensors, others, into=into)
+    # Not with out= (`_fx_call`): `torch.remainder(ids, 100, out=buf); buf.add_(60)` of a `buf` forward made of
+    # constants holds ids past 100, and the graph has no add_. TorchScript's remainder with out= is not followed either.
+    if (target is operator.mod or name == "remainder") and len(args) == 2 and not into:
+        walk.remainder(node, args[1], walk.integer_of(args[0]), name or shown)
+    in_place = name is not None and name.endswith("_") and not name.endswith("__")
+    if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
+        walk.in_place(args[0], shown, ins)
+    given = node.kwargs.get("out")
+    written = [given] if isinstance(given, torch.fx.Node) else [o for o in given or () if isinstance(o, torch.fx.Node)]
+    for out in written:  # `torch.sub(ids, 1, out=ids)`: its result is `out`, changed
+        walk.in_place(out, _written_by(shown, "out"), ins)
+    # The result of a function of the model's own, of a tensor's attribute (`ids.data`), of an op not in _FRESH
+    # (`ids.cpu()`, `ids += 1`) may be its argument.
+    if written or not known or _bare(name or shown) not in _FRESH:
+        walk.share(node, ins)
 
 
 def _py_operator(target) -> bool:
@@ -1123,6 +1152,32 @@ def _fx_positions(index) -> list:
 
 class _NotTraced(Exception):
     """A python module torch.fx cannot trace; its message, what could not be done."""
+
+
+class _Assigned:
+    """A proxy of torch.fx's trace that records an assignment to an attribute (`ids.data = ids + 60`,
+    `ids.real = ...`) as a node of its graph, `setattr(ids, 'data', value)`: torch.fx records none, and the graph
+    went on reading `ids` as the ids the request sent, though forward looks up the values assigned
+    (`_fx_call`). The assignment is made as well, as torch.fx makes it: a read of the attribute after gets the
+    value assigned."""
+
+    _OWN = frozenset({"tracer", "node", "_node", "root", "attr"})  # Proxy's and Attribute's own
+
+    def __setattr__(self, name: str, value) -> None:
+        if name not in self._OWN:
+            self.tracer.create_proxy("call_function", setattr, (self, name, value), {})
+        object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str):
+        return _AssignedAttribute(self, name)  # `ids.data`: Proxy's Attribute, with its assignments recorded too
+
+
+class _AssignedProxy(_Assigned, torch.fx.Proxy):
+    pass
+
+
+class _AssignedAttribute(_Assigned, torch.fx.proxy.Attribute):
+    pass
 
 
 class _OwnThreadTracer(torch.fx.Tracer):
@@ -1175,6 +1230,9 @@ class _OwnThreadTracer(torch.fx.Tracer):
         if threading.get_ident() != self._thread:
             return attr_val
         return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _AssignedProxy(node, self)
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return isinstance(m, torch.jit.ScriptModule) or super().is_leaf_module(m, module_qualified_name)

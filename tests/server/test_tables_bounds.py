@@ -907,3 +907,77 @@ def test_ids_written_into_another_inputs_have_no_bound():
         assert found.bounds == {}, kind
         if kind != "exported":
             assert found.unpublished == {"other": f"its ids are written into another input's by {ADD_[kind]}"}, kind
+
+
+class DataAssigned(Unknown):
+    """`ids.data = ids + 60`: a looks up the ids plus 60, id 40 past its rows; torch.fx records no assignment."""
+
+    def forward(self, ids):
+        ids.data = ids + 60
+        return self.a(ids)
+
+
+class RealAssigned(Unknown):
+    """`ids.T.real = ...` copies into the ids' memory (the real part of integers is themselves), through an attribute
+    read (`ids.T`), not a call."""
+
+    def forward(self, ids):
+        ids.T.real = ids.T + 60
+        return self.a(ids)
+
+
+class RemainderIntoAConstantChanged(Buffered):
+    """`buf` is made of constants: the trace adds 60 to it as it traces, and its graph has no add_."""
+
+    def written(self, ids):
+        buf = torch.zeros(1, 3, dtype=torch.long)
+        held = torch.remainder(ids, 100, out=buf)
+        buf.add_(60)
+        return held
+
+
+def test_ids_assigned_or_a_remainder_changed_outside_the_trace_are_not_followed():
+    """Each python module was published bound 100 (DataAssigned and RealAssigned checked in [0, 100) per request too,
+    refusing id -60, which the model takes): the trace's graph reads `ids` and the `% 100` as they were. TorchScript
+    cannot script `.data =`; torch.export's program drops the assignment (it serves id 50), so its bound stands."""
+    for cls, attr in ((DataAssigned, "data"), (RealAssigned, "real")):
+        module = cls().eval()
+        assert module(torch.full((1, 3), -60)).shape == (1, 3, 4)
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), 40))
+        found = id_ranges(module, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows, found.least) == ({}, {}, {}), cls.__name__
+        assert found.said() == (
+            f"input 'ids' not checked: an assignment to .{attr} changes its ids in place, which wok does not follow"
+        )
+    module = RemainderIntoAConstantChanged().eval()
+    module(torch.full((1, 3), 39))
+    with pytest.raises(IndexError, match="index out of range"):
+        module(torch.full((1, 3), 40))
+    found = id_ranges(module, ["ids"], {"ids": torch.int64})
+    assert (found.bounds, found.rows) == ({}, {"ids": 100})
+    assert found.unpublished == {"ids": "it reaches the Embedding module through remainder, which wok does not follow"}
+
+
+class SelectedInto(Unknown):
+    """`torch.index_select(..., out=ids)` writes the first row doubled into the ids: 50 fails a, and [[10], [150]]
+    is served (20)."""
+
+    def forward(self, ids):
+        torch.index_select(ids * 2, 0, torch.zeros(ids.size(0), dtype=torch.long), out=ids)
+        return self.a(ids)
+
+
+def test_ids_written_by_an_op_followed_given_out_are_not_checked():
+    """The python form was published bound 100 and the scripted one checked in [0, 100) per request: index_select
+    is followed (a part of its tensor), and its `out=` was not read."""
+    module = SelectedInto().eval()
+    assert module(torch.tensor([[10], [150]])).shape == (2, 1, 4)
+    with pytest.raises(IndexError, match="index out of range"):
+        module(torch.tensor([[50], [0]]))
+    for kind, model in _forms(module, (torch.zeros(2, 3, dtype=torch.long),)).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows, found.least) == ({}, {}, {}), kind
+        if kind != "exported":  # whose lookup reads the op's result: "through aten::index_select"
+            op = "index_select" if kind == "python" else "aten::index_select"
+            assert found.unclear == {"ids": f"{op} with out= changes its ids in place, which wok does not follow"}
