@@ -11,8 +11,10 @@ What it checks, on --device (default cuda:0; `auto` as the server reads it, refu
     (nearest-rank, the ⌈n/2⌉-th smallest, as every percentile of one run's samples in the bench);
   * a real server on loopback serving `mlp` on the GPU: 512 concurrent requests give the
     CPU's answers (rtol 1e-3, TF32 allowed) and the mean batch size.
-Exits 1 when a check fails, and when --json cannot be written at the end (the figures are then
-kept in a temporary wok-bench-*.json, named on stderr). `--device cpu` runs the same steps
+Exits 1 when a check fails; when the server's stop gives up on a model thread still running a batch (or a
+start cancelled, a Ctrl-C, leaves one loading or warming up), at once, its figures unreported, as `wok serve`
+exits then (Python's exit would wait for that thread); and when --json cannot be written at the end (the
+figures are then kept in a temporary wok-bench-*.json, named on stderr). `--device cpu` runs the same steps
 without a GPU, as a dry run of the script itself (no overlap or pinning is expected there); give
 it small sizes, as the default model takes over half an hour on a CPU:
 
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import statistics
 import sys
 import time
@@ -104,13 +108,37 @@ def stage_medians(results) -> dict[str, float]:
     }
 
 
+class LeftRunning(RuntimeError):
+    """The server's stop gave up on a model thread still running (its `abandoned_work`): the process must leave
+    through os._exit, as `wok serve` does, and its figures are of a server that did not stop."""
+
+
+@contextlib.asynccontextmanager
+async def serving(servable, grace: float = 10.0):
+    """A real server on loopback serving `servable`, stopped with `grace` however the block ends, a failed or
+    cancelled start included; LeftRunning when that stop (or the start's own clean-up) gave up on a model thread
+    still running, raised in place of the block's end."""
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "gpu check"))
+    try:
+        await server.start()
+        yield server
+    finally:
+        await server.stop(grace=grace)
+        if server.abandoned_work:
+            # Read as `wok serve` reads it (its _exit_if_held): unread, the script reported on a server whose model
+            # still ran, and Python's exit then waited for that thread.
+            raise LeftRunning(f"the server gave model '{servable.name}' up, still running on its thread, as it stopped")
+
+
 async def server_check(device: str) -> dict:
     import grpc
 
-    from wok.app import WokServer
     from wok.codec import decode_response, encode_request
-    from wok.config import model_config_from_dict, server_settings
-    from wok.repository import ModelRepository
+    from wok.config import model_config_from_dict
     from wok.servable import Servable
     from wok.v2pb import grpc_service_pb2 as pb
     from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -119,9 +147,7 @@ async def server_check(device: str) -> dict:
     data = base.config.model_dump()
     data["instances"] = {"count": 1, "devices": [device], "pipeline_depth": 2}
     servable = Servable(model_config_from_dict(data, "gpu check"), base._module)
-    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "gpu check"))
-    await server.start()
-    try:
+    async with serving(servable) as server:
         xs = np.random.default_rng(0).standard_normal((512, 256), dtype=np.float32)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
@@ -132,8 +158,6 @@ async def server_check(device: str) -> dict:
             wall = time.perf_counter() - t0
             st = (await stub.ModelStatistics(pb.ModelStatisticsRequest(name="mlp"))).model_stats[0]
         got = np.concatenate([decode_response(r)["OUTPUT0"] for r in resps])
-    finally:
-        await server.stop(grace=10)
     with torch.inference_mode():
         want = build_demo("mlp")._module(torch.from_numpy(xs)).numpy()
     return {
@@ -207,7 +231,11 @@ def main(argv=None) -> int:
             {"wall_s": wall, "pinned": pinned, "overlap": overlaps(results), "stages_ms": stage_medians(results)}
         )
 
-    served = asyncio.run(server_check(args.device))
+    try:
+        served = asyncio.run(server_check(args.device))
+    except LeftRunning as exc:
+        print(f"gpu_check: {exc}; exiting without a report", file=sys.stderr, flush=True)
+        os._exit(1)
     d1 = statistics.median(r["wall_s"] for r in runs[1])
     d2 = statistics.median(r["wall_s"] for r in runs[2])
     hits, pairs = runs[2][-1]["overlap"]

@@ -255,9 +255,7 @@ class WokServer:
         for name, servable in self.repository.models.items():
             cfg = servable.config
             # Moving modules to devices and the warm-up batch block; keep them off the loop.
-            executor = await loop.run_in_executor(
-                None, functools.partial(Executor, servable, cfg.instances, cpu_linear=self.settings.cpu_linear)
-            )
+            executor = await self._build_executor(name, servable)
             try:
                 await loop.run_in_executor(None, executor.warmup)
                 self._log_cpu_linear(name, executor, servable.platform_label)
@@ -379,6 +377,51 @@ class WokServer:
                 log.info(
                     "metrics off: http://%s/metrics answers 404%s", http, "; admin API there" if self.http.admin else ""
                 )
+
+    async def _build_executor(self, name: str, servable: Servable) -> Executor:
+        """`servable`'s Executor, built on a thread of the loop's pool (loading the model blocks).
+
+        Cancelled meanwhile (asyncio.run's cancel on a Ctrl-C, a caller's wait_for), the build goes on: a load
+        cannot be interrupted. It is waited for as a cancelled warm-up is (`_shutdown_within`), 1 s at most, and
+        the executor it built shut down; a build still running then is given up on, named, and `abandoned_work`
+        set: its pool thread holds asyncio.run's end and the process's exit for as long as the load takes. That
+        thread shuts down the executor it builds later, which nobody else holds."""
+        loop = asyncio.get_running_loop()
+        lock = threading.Lock()
+        wanted = True  # under `lock`: the start still takes the executor
+        built: list[Executor] = []  # under `lock`: the executor built while wanted
+
+        def build() -> Executor | None:
+            executor = Executor(servable, servable.config.instances, cpu_linear=self.settings.cpu_linear)
+            with lock:
+                if wanted:
+                    built.append(executor)
+                    return executor
+            executor.shutdown()  # the start ended meanwhile
+            return None
+
+        building = loop.run_in_executor(None, build)
+        try:
+            # Shielded: a cancellation leaves `building` to be waited for below.
+            return await asyncio.shield(building)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.wait({building}, timeout=1.0)
+            finally:  # a second cancellation ends the wait, not the clean-up
+                with lock:
+                    wanted = False
+                    taken = built[:]
+                if taken:
+                    taken[0].shutdown()  # never given a batch: no thread to wait for
+                elif not building.done():
+                    log.error("model '%s' is still loading as the start ended", name)
+                    self.abandoned_work = True
+                    # A load that fails later: read, not logged as "never retrieved" (the thread's shutdown of a
+                    # built one needs nothing of the loop).
+                    building.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if building.done() and not building.cancelled():
+                building.exception()  # read: the cancellation is what the caller gets
+            raise
 
     def _model_failed(self, name: str, exc: BaseException) -> None:
         """A model's batching task failed (a bug; it is logged): its health turns NOT_SERVING, so

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .errors import MESSAGE_CHARS, cut_message, quoted_name, shown_value
+from .errors import MESSAGE_CHARS, cut_middle, printable, quoted_name, shown_value
 from .numerals import digits_note, read_float, read_int
 
 # What a cut refusal keeps of its end: its reason. A message that long is long for a path (or a word)
@@ -27,11 +27,7 @@ def one_line(message: str) -> str:
     (backslashes left as they are), and a message still too long is cut in its middle, where such
     a path is, keeping its start (the option) and its last TAIL_CHARS characters (the reason, the
     OS's "File name too long" among them): 'head… (100,025 characters in all) …tail'."""
-    if not message.isprintable():
-        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
-    if len(message) <= MESSAGE_CHARS:
-        return message
-    return f"{cut_message(message, MESSAGE_CHARS - TAIL_CHARS - 2)} …{message[-TAIL_CHARS:]}"  # 2: the " …" between
+    return cut_middle(printable(message), MESSAGE_CHARS, TAIL_CHARS)
 
 
 def _integer(text: str) -> int:

@@ -283,6 +283,24 @@ def cut_message(message: str, size: int = MESSAGE_BYTES) -> str:
     return message if len(message) <= size else cut_at(message, end)
 
 
+def printable(text: str) -> str:
+    """`text` with what is not printable (a newline, a terminal's escape) escaped as repr escapes it, backslashes
+    left as they are: a line as a command prints it (cliargs.one_line); `text` itself when all printable."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def cut_middle(text: str, size: int, tail: int) -> str:
+    """`text` whole when it has at most `size` characters, else its start and its last `tail` characters with
+    its length between, `size` characters in all: 'head… (100,025 characters in all) …tail'. For text whose
+    middle matters least (a long path; a refusal, whose end is its reason). `size` - `tail` - 2 is at least
+    NOTE_BYTES (ValueError)."""
+    if len(text) <= size:
+        return text
+    return f"{cut_message(text, size - tail - 2)} …{text[-tail:]}"  # 2: the " …" between
+
+
 # A name or id a request sent is shown in a message up to this many characters: generous for a real
 # name, and a wrong one of 100 KB makes no 100 KB message, nor one whose start (all that a unary call's
 # details and a stream's error_message keep of a long message, `short_details` in service.py) is all name.

@@ -62,13 +62,16 @@ from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
 from .errors import (
     MESSAGE_BYTES,
+    MESSAGE_CHARS,
     ConfigError,
     DeviceLost,
     InvalidInput,
     ModelExecutionError,
     WarmupError,
     cut_message,
+    cut_middle,
     error_line,
+    printable,
     script_error,
 )
 from .faults import InstanceFault
@@ -88,6 +91,13 @@ WARMUP_MAX_ROWS = 64
 # and a command's line of more than MESSAGE_CHARS is cut again in its middle (cliargs.one_line), its note then
 # counting the first cut's text: the two commands said the failure differently.
 WARMUP_MESSAGE_BYTES = MESSAGE_BYTES // 2
+# The rest of a warm-up's refusal is bounded too, so that the whole stays within MESSAGE_CHARS beside a command's
+# words before it (COMMAND_CHARS: `wok profile` adds "wok serve refuses the model at its start: "), and neither
+# command's one_line cuts it again: a config path of ~2,000 characters was cut by each at another point of the
+# path, its note counting the first cut's text. The input shapes (one per input) take WARMUP_SHAPES_BYTES at
+# most, and the config's path what is left, cut in its middle (_with_config).
+COMMAND_CHARS = 128
+WARMUP_SHAPES_BYTES = 512
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
 # Failed batches in a row, rerun in parts, whose every request failed alone too (a model failing
 # every input runs 2n - 1 forwards for each batch of n), after which a failed batch first reruns
@@ -897,6 +907,16 @@ _USABLE_AFTER: dict[int, str] = {
 _USABLE_AFTER_TEXT = frozenset(_USABLE_AFTER.values())
 
 
+def _with_config(before: str, source: str | None, after: str) -> str:
+    """A warm-up's refusal: `before`, the config's path (`source`; 'built in code' for none) and `after`, the path
+    cut in its middle (its start and its end, the model's folder and file, kept) so that the whole, as a command
+    prints it (escaped: errors.printable), takes at most MESSAGE_CHARS - COMMAND_CHARS characters."""
+    if source is None:
+        return f"{before}built in code{after}"
+    room = max(MESSAGE_CHARS - COMMAND_CHARS - len(printable(before)) - len(printable(after)), 256)
+    return f"{before}{cut_middle(printable(source), room, room // 2)}{after}"
+
+
 def _is_device_error(exc: BaseException) -> bool:
     """Whether `exc` is an error of the CUDA device that leaves its context unusable (sticky): torch's
     AcceleratorError, or (torch before it, which pyproject allows) a RuntimeError "CUDA error: ...", other than
@@ -1139,9 +1159,13 @@ class Executor:
                 sample[t.name] = np.zeros(shape, dtype=s.input_types[t.name].numpy)
             except (MemoryError, ValueError) as exc:  # dims no host can hold (numpy: too many elements)
                 raise WarmupError(
-                    f"model '{s.name}': its start-up warm-up cannot make a sample of zeros for input '{t.name}', "
-                    f"shape {list(shape)} ({t.datatype}): {str(exc).rstrip('.')}; check that input's dims (and "
-                    f"warmup_dims) in its config ({s.config.source or 'built in code'})"
+                    _with_config(
+                        f"model '{s.name}': its start-up warm-up cannot make a sample of zeros for input "
+                        f"'{t.name}', shape {list(shape)} ({t.datatype}): {str(exc).rstrip('.')}; check that "
+                        "input's dims (and warmup_dims) in its config (",
+                        s.config.source,
+                        ")",
+                    )
                 ) from exc
         top = padded_rows(min(s.config.max_batch_size, WARMUP_MAX_ROWS))
         sizes = sorted({padded_rows(n) for n in range(MIN_ROWS, top + 1)})
@@ -1176,7 +1200,9 @@ class Executor:
             # The instance wraps the model's own error; that one's type is the one to show.
             if isinstance(exc, ModelExecutionError) and not own_check:
                 exc = exc.__cause__
-            shapes = ", ".join(f"{name} {[rows, *a.shape[1:]]}" for name, a in sample.items())
+            shapes = cut_message(
+                ", ".join(f"{name} {[rows, *a.shape[1:]]}" for name, a in sample.items()), WARMUP_SHAPES_BYTES
+            )
             log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=exc)
             hint = ""
             if not own_check and any(t.variable for t in cfg.inputs):
@@ -1189,8 +1215,12 @@ class Executor:
             # 'M' output ...", the model named twice beside a class of wok's.
             what = cut_message(str(exc) if own_check else failure_line(cfg.name, exc), WARMUP_MESSAGE_BYTES)
             raise WarmupError(
-                f"{what}; in the start-up warm-up, on a batch of "
-                f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}",
+                _with_config(
+                    f"{what}; in the start-up warm-up, on a batch of zeros with input shapes {shapes} on "
+                    f"{inst.device} (config: ",
+                    cfg.source,
+                    f"){hint}",
+                ),
                 device_lost=inst.lost,
             ) from exc
 

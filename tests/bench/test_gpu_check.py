@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+
+from ..server.conftest import gated_servable
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_DRY_RUN = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
@@ -20,10 +25,15 @@ AUTO_WITHOUT_CUDA = (
 )
 
 
-def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
+def _gpu_check():
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
+    mod = _gpu_check()
     out = tmp_path / "gc.json"
     args = ["--device", "cpu", "--batches", "3", "--rows", "16", "--hidden", "512", "--layers", "1"]
     assert mod.main([*args, "--json", str(out)]) == 0
@@ -34,6 +44,59 @@ def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
     assert report["server"]["mean_batch_size"] > 1
     assert report["checks"]["pinned host buffers"] is None  # not applicable without CUDA
     assert report["overlap_model"]["hidden"] == 512 and report["overlap_model"]["layers"] == 1
+
+
+async def _serve_a_model_stuck_in_a_batch(gpu_check) -> None:
+    servable, module = gated_servable(max_batch_size=1, name="stuck", enter_when_closed=True)
+    loop = asyncio.get_running_loop()
+    try:
+        with pytest.raises(gpu_check.LeftRunning) as raised:
+            async with gpu_check.serving(servable, grace=0.2) as server:
+                module.gate.clear()
+                pending = server.runtime("stuck").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+                assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached the model"
+        assert str(raised.value) == "the server gave model 'stuck' up, still running on its thread, as it stopped"
+        pending.future.exception()  # read: answered UNAVAILABLE by the stop
+    finally:
+        module.gate.set()
+        await _join("wok-stuck-shutdown")
+
+
+async def _cancel_a_start_stuck_in_its_warm_up(gpu_check) -> None:
+    servable, module = gated_servable(name="stuck")
+    module.gate.clear()
+    loop = asyncio.get_running_loop()
+
+    async def serve() -> None:
+        async with gpu_check.serving(servable):
+            raise AssertionError("the start ended")
+
+    serving = asyncio.ensure_future(serve())
+    try:
+        assert await loop.run_in_executor(None, module.entered.wait, 10), "the warm-up never reached the model"
+        serving.cancel()  # asyncio.run's on a Ctrl-C
+        await asyncio.wait({serving})
+        # Not the cancellation (Ctrl-C's KeyboardInterrupt out of asyncio.run, then an exit that waits for the
+        # warm-up's thread): what main leaves on through os._exit, saying so.
+        assert isinstance(serving.exception(), gpu_check.LeftRunning), serving
+    finally:
+        module.gate.set()
+        await _join("wok-stuck-shutdown")
+
+
+async def _join(name: str) -> None:
+    for t in threading.enumerate():
+        if t.name == name:
+            await asyncio.get_running_loop().run_in_executor(None, t.join, 10)
+            assert not t.is_alive(), f"{t.name} did not end"
+
+
+@pytest.mark.parametrize("leaves", [_serve_a_model_stuck_in_a_batch, _cancel_a_start_stuck_in_its_warm_up])
+def test_a_server_that_leaves_a_model_running_is_told_not_reported_on(leaves):
+    """The server check's server gave a model thread up as it stopped (its `abandoned_work`: a batch past the
+    grace period, a start cancelled in the warm-up): the script read none of it, reported on that server, and
+    Python's exit then waited for the thread. Now LeftRunning, which main says and leaves on through os._exit."""
+    asyncio.run(leaves(_gpu_check()))
 
 
 def test_gpu_session_script_parses():

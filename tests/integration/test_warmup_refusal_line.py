@@ -61,3 +61,35 @@ def test_a_warm_up_failure_is_one_bounded_line_that_wok_profile_says_alike(tmp_p
     assert main(["profile", "loud", "--model-repository", str(folder.parent), *fast]) == 2
     err = capsys.readouterr().err
     assert err.endswith(f"\n{PROFILE_SAYS}{line.removeprefix('wok: ')}\n"), err[-3000:]
+
+
+def test_a_long_config_path_is_cut_in_its_middle_alike_by_wok_serve_and_wok_profile(tmp_path, capsys):
+    """A warm-up failure's refusal with a model message at its bound and a config path of over 2,000 characters:
+    the path is cut in its middle, saying how long it was, its start and end kept, and both commands say the same
+    words. Each command's one_line cut the line again at its own point (the profile's words before it moved it), in
+    the middle of the path, its note counting the first cut's text."""
+    deep = tmp_path
+    for letter in "abcdefghij":
+        deep /= letter * 220
+    folder = write_python_model(deep / "repo" / "loud", LOUD_MODEL.replace("MESSAGE", '"y" * 1_000_000'))
+    config = str(folder / "config.toml")
+    assert len(config) > 2_200
+    cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(folder.parent), "--port", "0"]
+    done = subprocess.run([*cmd, "--metrics-port", "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-4000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith(f"wok: {FAILED}")]
+    assert len(said) == 1, done.stderr[-4000:]
+    line = said[0]
+    assert len(line) <= MESSAGE_CHARS, f"{len(line):,} characters"
+    # One cut in the model's message, one in the path, each counting its own text.
+    assert CUT_NOTE.format(len(FAILED) + LONG) + "; in the start-up warm-up" in line, line[-3000:]
+    start, cut, end = line.partition(f" ({len(config):,} characters in all) …")
+    assert cut, line[-3000:]
+    shown_start = start.rpartition("(config: ")[2].removesuffix("…")
+    assert config.startswith(shown_start) and len(shown_start) > 500, start[-300:]
+    assert end.endswith(")") and config.endswith(end[:-1]) and len(end) > 500, end[-300:]
+
+    fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "loud", "--model-repository", str(folder.parent), *fast]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"\n{PROFILE_SAYS}{line.removeprefix('wok: ')}\n"), err[-3000:]

@@ -1,6 +1,7 @@
 """A stop with several models each stuck in a batch past the grace period: the server waits for
 their executors all at once, about one second in all, not one second per model, and names each. A start
-cancelled in a stuck warm-up waits for that model's executor as long, and names it."""
+cancelled in a stuck warm-up, or in a stuck load (its executor's build), waits for that model as long, and names
+it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from wok.app import WokServer
 from wok.config import server_settings
 from wok.errors import ShuttingDown
 from wok.repository import ModelRepository
+from wok.servable import Servable
+
+from .conftest import GatedDouble, gated_servable
 
 GRACE_S = 0.2
 STUCK = "is still running a batch after the grace period"
@@ -114,3 +118,63 @@ def test_a_start_cancelled_in_a_stuck_warm_up_ends_within_a_second_and_gives_the
     down with no bound: it waited for the warm-up's forward, as long as the model held it. Bounded as the stop's
     wait is, the model is given up on (`abandoned_work`, which `wok serve` exits hard on) and named."""
     run_on("asyncio", _cancel_a_start_stuck_in_its_warm_up(gated_model, caplog))
+
+
+class SlowToLoad(GatedDouble):
+    """A model whose load (its move to the device, on the start's build of its executor) blocks while its gate is
+    closed: `loading` is set as it waits, `loaded` once the move returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loading = threading.Event()
+        self.loaded = threading.Event()
+
+    def to(self, *args, **kwargs):
+        self.loading.set()
+        if not self.gate.wait(timeout=10):  # a backstop, as the batches' gate's
+            raise RuntimeError("test gate never opened")
+        moved = super().to(*args, **kwargs)
+        self.loaded.set()
+        return moved
+
+
+async def _cancel_a_start_stuck_in_a_models_load(caplog) -> None:
+    servable, _ = gated_servable(name="loading")
+    module = SlowToLoad()
+    servable = Servable(servable.config, module)
+    module.gate.clear()
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    loop = asyncio.get_running_loop()
+    caplog.set_level(logging.ERROR, logger="wok")
+    starting = asyncio.ensure_future(server.start())
+    try:
+        assert await loop.run_in_executor(None, module.loading.wait, 10), "the build never reached the model's load"
+        started = time.monotonic()
+        starting.cancel()
+        await asyncio.wait({starting})
+        took = time.monotonic() - started
+        assert starting.cancelled()
+        assert took < 3.0, f"the cancelled start took {took:.2f} s to end"
+        # The load goes on on its thread, which the process's exit waits for (a pool thread): the start gave the
+        # model up, as the stop gives up a stuck batch, and said so.
+        assert not module.loaded.is_set()
+        assert server.abandoned_work
+        logged = [r.getMessage() for r in caplog.records if "still" in r.getMessage()]
+        assert logged == ["model 'loading' is still loading as the start ended"], logged
+        # The executor that load then builds is shut down on its thread, never served.
+        module.gate.set()
+        assert await loop.run_in_executor(None, module.loaded.wait, 10), "the load never ended"
+        assert server.runtimes == {}
+    finally:
+        module.gate.set()
+        if not starting.done():
+            await asyncio.wait({starting})
+        await server.stop(grace=5.0)
+
+
+def test_a_start_cancelled_in_a_models_load_ends_within_a_second_and_gives_the_model_up(run_on, caplog):
+    """A start cancelled while it built a model's executor (its load: moving the module to its device) ended at
+    once and said nothing, the build still running on a thread of the loop's pool, which asyncio.run's end and the
+    process's exit wait for, however long the load takes. Now waited for a second, as a warm-up is, then the model
+    is given up on (`abandoned_work`) and named; what the load builds after is shut down on its thread."""
+    run_on("asyncio", _cancel_a_start_stuck_in_a_models_load(caplog))
