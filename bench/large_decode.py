@@ -8,6 +8,10 @@ Each figure is one request's parse, size (`ByteSize`, as the server's size limit
 read of every raw entry, the two ways interleaved within each rep (the order reversed every other rep); the
 medians of the reps, and the median of the per-rep ratios.
 
+`break_even`: where `codec.LARGE_REQUEST` lies: the server's read of a request of one raw FP32 tensor of 16 to 256 KiB
+(`decode_request(in_steps=True)` of it parsed), by protobuf's parse against the walk's (`codec._parse_large`, its way
+from LARGE_REQUEST), interleaved as above, each figure this thread's CPU time.
+
 `size_check`: the server's size limit on the demo mlp's requests (1 and 32 rows), held the two ways it has been:
 by the parsed message's ByteSize() in decode_request (a serialization of it), and by the bytes received, in the
 deserializer (since 2026-12-06); the server's deserializer and decode_request(in_steps=True) timed together
@@ -43,7 +47,7 @@ from wok.bench.payloads import integer_refusal
 
 SCHEMA = "wok.large_decode/1"
 # Request sizes (bytes of raw FP32 tensor): below LARGE_REQUEST, at it, and well past it.
-SIZES = (1 << 10, 16 << 10, 64 << 10, 1 << 20, 64 << 20)
+SIZES = (1 << 10, 16 << 10, 96 << 10, 1 << 20, 64 << 20)
 
 
 def _alternated(ways: dict, reps: int, figure: Callable, warm: Callable | None = None) -> dict[str, list[float]]:
@@ -97,6 +101,64 @@ def _measure(reps: int, progress) -> list[dict]:
         medians = {name: 1e6 * statistics.median(v) for name, v in times.items()}
         ratio = statistics.median(a / b for a, b in zip(times["wok"], times["protobuf"]))
         out.append({"bytes": len(data), "loops": loops, "median_us": medians, "median_ratio_wok_over_protobuf": ratio})
+        progress(size)
+    return out
+
+
+# Request sizes (bytes of raw FP32 tensor) of `break_even`: around LARGE_REQUEST, on both sides of it.
+BREAK_EVEN_SIZES = (16 << 10, 32 << 10, 48 << 10, 64 << 10, 96 << 10, 128 << 10, 192 << 10, 256 << 10)
+
+
+def _break_even(reps: int, progress) -> list[dict]:
+    """The server's read of a request of one raw FP32 tensor, protobuf's parse (below LARGE_REQUEST) against the walk
+    (`codec._parse_large`, from it), each followed by `decode_request(in_steps=True)`, as the server reads it since
+    its size is held by the bytes received (no ByteSize); each figure this thread's CPU time."""
+    from torch import nn
+
+    from wok import codec
+    from wok.config import model_config_from_dict
+    from wok.servable import Servable
+
+    cfg = model_config_from_dict(
+        {
+            "name": "mlp",
+            "platform": "python",
+            "factory": "x:y",
+            "max_batch_size": 1,
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [-1]}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": [-1]}],
+        },
+        "break_even",
+    )
+    servable = Servable(cfg, nn.Identity())
+    decode = codec.decode_request
+
+    def way(parse):
+        def run(data: bytes, loops: int) -> float:
+            began = time.thread_time()
+            for _ in range(loops):
+                decode(parse(data), servable, in_steps=True)
+            return time.thread_time() - began
+
+        return run
+
+    ways = {"protobuf": way(codec.pb.ModelInferRequest.FromString), "walk": way(codec._parse_large)}
+    out = []
+    for size in BREAK_EVEN_SIZES:
+        data = _request(size)
+        assert type(codec._parse_large(data)) is codec.ReceivedRequest, "the walk left it to protobuf"
+        loops = max(1, (1 << 24) // size)  # ~a few ms a figure
+        times = _alternated(ways, reps, lambda run, data=data, loops=loops: run(data, loops) / loops)
+        ratios = [b / a for a, b in zip(times["protobuf"], times["walk"])]
+        out.append(
+            {
+                "bytes": len(data),
+                "loops": loops,
+                "median_us": {name: 1e6 * statistics.median(v) for name, v in times.items()},
+                "median_ratio_walk_over_protobuf": statistics.median(ratios),
+                "ratio_range": [min(ratios), max(ratios)],
+            }
+        )
         progress(size)
     return out
 
@@ -386,6 +448,9 @@ def main(argv=None) -> int:
     from wok.codec import LARGE_REQUEST
 
     results = _measure(args.reps, lambda size: print(f"{size} bytes done", file=sys.stderr, flush=True))
+    break_even = _break_even(
+        args.reps, lambda size: print(f"break-even, {size} bytes done", file=sys.stderr, flush=True)
+    )
     sizing = _size_check(args.reps, lambda rows: print(f"size check, {rows} rows done", file=sys.stderr, flush=True))
     oversized = _oversized(args.reps)
     print("oversized request done", file=sys.stderr, flush=True)
@@ -394,6 +459,7 @@ def main(argv=None) -> int:
         "reps": args.reps,
         "large_request_bytes": LARGE_REQUEST,
         "results": results,
+        "break_even": break_even,
         "size_check": sizing,
         "oversized": oversized,
     }
@@ -405,6 +471,16 @@ def main(argv=None) -> int:
     for r in results:
         m = r["median_us"]
         print(f"{r['bytes']:>14}{m['protobuf']:>14.2f}{m['wok']:>12.2f}{r['median_ratio_wok_over_protobuf']:>14.4g}")
+    print(
+        f"\nthe server's read (with decode_request), protobuf's parse against the walk (from {LARGE_REQUEST:,} bytes)"
+    )
+    print(f"{'request bytes':>14}{'protobuf µs':>14}{'walk µs':>12}{'walk/protobuf':>15}{'range':>16}")
+    for r in break_even:
+        m, (low, high) = r["median_us"], r["ratio_range"]
+        print(
+            f"{r['bytes']:>14}{m['protobuf']:>14.2f}{m['walk']:>12.2f}{r['median_ratio_walk_over_protobuf']:>15.3f}"
+            f"{low:>8.3f}-{high:<7.3f}"
+        )
     print("\nthe size limit on the mlp's requests, by ByteSize against by the bytes received (µs a request)")
     print(
         f"{'rows':>5}{'bytes':>8}{'read: ByteSize':>16}{'received':>10}{'saved':>8}{'decode: ByteSize':>18}"

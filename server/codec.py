@@ -539,11 +539,12 @@ async def finish_decoding(dec: DecodedRequest, servable, refuse: Callable[[], No
 
 
 # -- a large request as received ---------------------------------------------------------
-# A ModelInferRequest of this many bytes or more is parsed by `parse_infer_request`. Below it protobuf's own
-# parse, size and read of the raw tensors are quicker (~1 µs for a 1 KiB request, where the walk cost ~2, ~1.3 since
-# it reads a one-byte tag or length itself); above it their copies cost more (at 64 KiB ~9 µs against ~2; at 64 MiB
-# ~160 ms against well under 1).
-LARGE_REQUEST = 64 << 10
+# A ModelInferRequest of this many bytes or more is parsed by `parse_infer_request`. Below it protobuf's own parse and
+# read of the raw tensors are quicker: the walk, the parse of the rest and the wrapper cost ~9.5 µs of the server's
+# read (with decode_request) at any size, where protobuf's copies grow with the tensors (64 KiB: 7.7 µs, 96 KiB: 9.3,
+# 128 KiB: 10.6-12.9). It was 64 KiB until 2026-12-06 (later), chosen while protobuf's way still paid
+# ByteSize's serialization (bench/large_decode.py's `break_even`; docs/performance.md).
+LARGE_REQUEST = 96 << 10
 _RAW_INPUT_TAG = (pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number << 3) | 2
 # The most top-level fields the walk reads before it leaves the message to protobuf: a request of raw tensors has
 # a few per input, where millions of tiny ones (a map of parameters, unknown fields) would each cost it ~0.3 µs
@@ -711,8 +712,8 @@ def _head_of(data: bytes) -> pb.ModelInferRequest | str:
 def _top_fields(data: bytes) -> list[tuple[int, int, int, int]] | str:
     """The top-level fields of a serialized message, each as (key, its start, its body's start, its end); where the
     walk meets what it leaves to protobuf, why, in words: more than _MAX_WALKED_FIELDS of them (a message of exactly
-    that many is walked), a group, a bad wire type or field number, a tag of over 5 bytes or a varint of over 10, or
-    a field past the end."""
+    that many is walked), a group, a bad wire type or field number, a tag of over 5 bytes or 32 bits, a varint of
+    over 10 bytes, or a field past the end."""
     end = len(data)
     pos = 0
     fields: list[tuple[int, int, int, int]] = []
@@ -727,9 +728,12 @@ def _top_fields(data: bytes) -> list[tuple[int, int, int, int]] | str:
             pos += 1
         else:
             key, pos = _varint(data, pos)
+            # protobuf reads a tag as a varint of 5 bytes at most and 32 bits (upb's _upb_Decoder_DecodeTag): it
+            # refuses a longer one, or a 5-byte one of a larger value, as bytes that do not parse
+            if pos - at > 5 or key >> 32:
+                break
         kind = key & 7
-        # protobuf reads a tag as a varint of 5 bytes at most, and refuses a longer one
-        if pos - at > 5 or kind not in (0, 1, 2, 5):
+        if kind not in (0, 1, 2, 5):
             break
         if kind == 2:
             if pos < end and data[pos] < 0x80:

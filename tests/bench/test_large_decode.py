@@ -83,3 +83,18 @@ def test_oversized_times_each_worst_case_refused_unread_against_parsed_whole(mon
             assert 0 < low <= figures["median_us"][way] <= high
         assert figures["median_ratio_head_over_whole"] > 0
     assert all(w["bytes"] > 1 << 20 for w in part["worst_cases"])
+
+
+def test_break_even_times_protobufs_read_against_the_walks_at_each_size(monkeypatch):
+    # Small: two sizes, one rep; each read by both ways (the walk's a ReceivedRequest, not left to protobuf).
+    monkeypatch.setattr(large_decode, "BREAK_EVEN_SIZES", (4 << 10, 200 << 10))
+    done = []
+    part = large_decode._break_even(1, done.append)
+    assert done == [4 << 10, 200 << 10]
+    assert [r["bytes"] > size for r, size in zip(part, done)] == [True, True]
+    for r in part:
+        assert set(r["median_us"]) == {"protobuf", "walk"}
+        assert all(math.isfinite(v) and v > 0 for v in r["median_us"].values()), r
+        low, high = r["ratio_range"]
+        assert 0 < low <= r["median_ratio_walk_over_protobuf"] <= high
+        assert r["loops"] >= 1

@@ -171,6 +171,14 @@ def cut_short() -> bytes:
     return request().SerializeToString() + _field(3, b"x" * LIMIT)[:-1]
 
 
+def tag_past_32_bits() -> bytes:
+    """Over the limit, after its model's name and id a field whose tag is a 5-byte varint of 33 bits (field 100,
+    wire type 2, and 2**32): protobuf reads a tag of 32 bits at most, and refuses the whole as bytes that do not
+    parse."""
+    tag = bytes([0xA2, 0x86, 0x80, 0x80, 0x10])
+    return request().SerializeToString() + tag + _varint(LIMIT) + b"x" * LIMIT
+
+
 def _rejected(body: str) -> dict[str, float]:
     """wok_rejected_requests_total{reason="invalid"} by model, the models counting none left out."""
     return {
@@ -201,6 +209,13 @@ UNREAD = (
             UNREAD + "its top-level field at byte {at} is not read (a group, a bad tag or "
             "varint, or a field past the end)",
             id="cut_short",
+        ),
+        pytest.param(
+            tag_past_32_bits,
+            "",
+            UNREAD + "its top-level field at byte {at} is not read (a group, a bad tag or "
+            "varint, or a field past the end)",
+            id="tag_past_32_bits",
         ),
     ],
 )
