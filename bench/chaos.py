@@ -520,11 +520,13 @@ def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
     cut = r.cancelled or (st is not None and (st.cancelled or st.status != "OK"))
     label = f"{r.channel}/{r.kind}"
     if len(r.answers) > 1:
-        t.problems.append(f"request {r.serial} ({label}) got {len(r.answers)} answers: {r.answers}")
+        t.problems.append(f"request {r.serial} ({label}): expected one answer; got {len(r.answers)}: {r.answers}")
     if not r.answers:
         t.codes[label]["(none)"] += 1
         if st is None or st.status == "OK":  # an OK stream ended after the client wrote everything
-            t.problems.append(f"request {r.serial} ({label}) got no answer (stream {r.stream}: {st and st.status})")
+            t.problems.append(
+                f"request {r.serial} ({label}): expected an answer; got none (stream {r.stream}: {st and st.status})"
+            )
         elif r.sent:
             _unplaced(t, r, cut, deadline)
         return
@@ -538,7 +540,7 @@ def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
     else:
         t.seen[(_label(r), code)] += 1
     if r.channel == "final" and code != "OK":
-        t.problems.append(f"after the load, good request {r.serial} got {code}: {details}")
+        t.problems.append(f"after the load, good request {r.serial}: expected OK; got {code}: {details}")
     elif code == "HUNG":
         t.problems.append(f"request {r.serial} ({label}) hung: {details}")
     elif code == "CANCELLED" and not cut:
@@ -557,18 +559,18 @@ def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
         pass
     elif r.kind == "good":
         if code == "OK" and rows != r.expected():
-            t.problems.append(f"request {r.serial} ({label}) answered {rows}, expected {r.expected()}")
+            t.problems.append(f"request {r.serial} ({label}): expected rows {r.expected()}; got {rows}")
         elif code == "INTERNAL" and details.endswith(NOT_RERUN):
             t.undecided_good.append(f"request {r.serial} ({label}): {details}")
         elif code != "OK":
-            t.problems.append(f"good request {r.serial} ({label}) got {code}: {details}")
+            t.problems.append(f"good request {r.serial} ({label}): expected OK; got {code}: {details}")
     else:
         want = _earns(r.kind)
         # Only what the reruns found: a request rerun alone as its device was lost (executor.LOST_ALONE) may
         # have failed by the loss, another instance's kernel's, not by its id, and the server says so.
         t.bad_alone += r.kind == "bad" and code == "INTERNAL" and details.endswith(ALONE)
         if code != want:
-            t.problems.append(f"{r.kind} request {r.serial} ({label}) got {code}, expected {want}: {details}")
+            t.problems.append(f"{r.kind} request {r.serial} ({label}): expected {want}; got {code}: {details}")
 
 
 def _check_stream(t: _Tally, st: Stream) -> None:

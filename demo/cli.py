@@ -634,7 +634,8 @@ class LiveDemo:
         if self.admin[1] == 0:
             # The page is served from before the server starts (a port in use is found first), and
             # a tab left open on it asks meanwhile: it got 502, "did not answer" from port 0.
-            return 503, {"error": f"the wok server is still starting: POST {path} is refused; try again once it serves"}
+            starting = "got one still starting: try again once it serves"
+            return 503, {"error": f"POST {path}: expected a wok server that serves; {starting}"}
         from .web import http_json
 
         return await http_json(*self.admin, "POST", path, {**body, "model": MODEL})

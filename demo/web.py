@@ -16,7 +16,7 @@ alive between requests, except after one with `Connection: close`, or an HTTP/1.
 In live mode the batching and fault calls are forwarded to the wok server's admin API
 (loopback) with the model filled in, and its answer (or its 400) comes back as is, the admin
 API's own bytes; its 413 (a body over its 64 KiB once the model is added) and 503 (the wok server
-stops) come back with their status, their message quoted after what the wok server answered; any
+stops) come back with their status, their message after what the wok server answered; any
 other status (408, 411, its own 500), a truncated answer or one that is not a JSON object is a 502
 naming what came; 502 with the error when the server refuses or drops the connection, 504 (Gateway
 Timeout) when it does not answer within ADMIN_TIMEOUT_S, and 503 while it starts. A 500 is the page
@@ -56,6 +56,7 @@ import time
 from importlib import resources
 
 from ..config import host_port
+from ..errors import cut_message, escaped
 from ..http import (
     CONTINUE,
     HOST_SHAPE,
@@ -214,8 +215,13 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
         if isinstance(answer, dict):
             return status, payload  # passed on as it came: re-encoded, it was spaced otherwise
         return 502, {"error": f"the wok server answered {status} with {quoted(text)}, not a JSON object"}
-    said = answer["error"] if isinstance(answer, dict) and isinstance(answer.get("error"), str) else text
-    error = f"the wok server answered {status} {REASONS.get(status, '')}".rstrip() + f" with {quoted(said)}"
+    error = f"the wok server answered {status} {REASONS.get(status, '')}".rstrip()
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        # The admin API's own refusal, its values quoted already: after a colon, not in quotes of its own,
+        # where they nested ("with 'Content-Length: ...; got '65600''").
+        error += f": {cut_message(escaped(answer['error']))}"
+    else:
+        error += f" with {quoted(text)}"
     if status == 413:
         error += f" (the body sent on, the model added: {len(data):,} bytes)"
     return (status if status in RELAYED_WITH_MESSAGE else 502), {"error": error}
@@ -354,7 +360,12 @@ class DemoWeb:
                 await self._send(writer, 405, error, close=close, head=True, allow="GET")
                 return not close
             if self._stopping:  # stop() ends the streams it finds; this one would outlive it
-                await self._send(writer, 503, {"error": "the demo's page is stopping"}, close=True)
+                await self._send(
+                    writer,
+                    503,
+                    {"error": f"GET {path}: expected a page that serves; got one that is stopping"},
+                    close=True,
+                )
                 return False
             with self._idle_while():
                 await self._stream(writer)

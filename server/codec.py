@@ -879,7 +879,7 @@ def decode_request(
             _check_ranges(name, dim_ranges[name], shape, model)
         n = shape[0]
         if n < 1:
-            raise InvalidInput(f"input '{name}': batch dimension is 0; send at least one row")
+            raise InvalidInput(f"input '{name}': expected at least one row in the batch dimension; got 0")
         if n > cfg.max_batch_size:
             raise InvalidInput(
                 f"input '{name}': expected at most {cfg.max_batch_size} rows (max_batch_size of model '{model}'); "

@@ -100,7 +100,7 @@ class TensorConfig(_Strict):
     @classmethod
     def _known_datatype(cls, v: str) -> str:
         if v not in DATATYPES:
-            raise ValueError(f"unknown datatype {quoted_name(v)}; expected one of {', '.join(DATATYPES)}")
+            raise ValueError(f"expected a V2 datatype, one of {', '.join(DATATYPES)}; got {quoted_name(v)}")
         return v
 
     @field_validator("dims")
@@ -108,7 +108,7 @@ class TensorConfig(_Strict):
     def _valid_dims(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         bad = [d for d in v if d != -1 and d < 1]
         if bad:
-            raise ValueError(f"each dim must be -1 (variable) or >= 1; got {_shown(list(v))}")
+            raise ValueError(f"expected each dim -1 (variable) or >= 1; got {_shown(list(v))}")
         return v
 
     @model_validator(mode="after")
@@ -334,15 +334,13 @@ class ModelConfig(_Strict):
     @classmethod
     def _model_name(cls, v: str) -> str:
         if not re.fullmatch(_MODEL_NAME, v):
-            raise ValueError(
-                f"{quoted_name(v)} is not a valid model name: expected letters, digits, '_', '.' and '-' only"
-            )
+            raise ValueError(f"expected a model name of letters, digits, '_', '.' and '-' only; got {quoted_name(v)}")
         if v in (".", ".."):
             # Clients resolve dot segments in a URL path (RFC 3986): /v2/models/../ready is sent as
             # /v2/ready, and /v2/models/./ready asks for a model named 'ready'.
             raise ValueError(
-                f"{quoted_name(v)} is not a valid model name: clients drop it from a URL path, so the V2 HTTP path "
-                f"/v2/models/{v}/ready is sent without it; expected a name with a letter, digit, '_' or '-'"
+                "expected a model name with a letter, digit, '_' or '-' (clients drop a name of dots alone from a "
+                f"URL path: the V2 HTTP path /v2/models/{v}/ready is sent without it); got {quoted_name(v)}"
             )
         return v
 
@@ -356,8 +354,8 @@ class ModelConfig(_Strict):
         if v is not None and (":" in v or info.field_name == "check") and not _MODULE_CALLABLE.fullmatch(v):
             attr = "build" if info.field_name == "factory" else "check"
             raise ValueError(
-                f"{info.field_name} must be 'module:callable' with a dotted module name, such as 'model:{attr}' or "
-                f"'pkg.models:{attr}'; relative names and paths are not accepted"
+                f"expected 'module:callable' with a dotted module name, such as 'model:{attr}' or 'pkg.models:{attr}' "
+                f"(relative names and paths are not accepted); got {quoted_name(v)}"
             )
         return v
 
@@ -405,7 +403,10 @@ class ModelConfig(_Strict):
             raise ValueError(f"warmup_dims only apply to inputs; given for output(s) {_shown(given)}")
         for size in self.dynamic_batching.preferred_batch_sizes:
             if not 1 <= size <= self.max_batch_size:
-                raise ValueError(f"preferred batch size {size} is outside 1..max_batch_size ({self.max_batch_size})")
+                raise ValueError(
+                    "dynamic_batching.preferred_batch_sizes: expected sizes from 1 to max_batch_size "
+                    f"({self.max_batch_size}); got {size}"
+                )
         return self
 
     def input(self, name: str) -> TensorConfig | None:
@@ -648,6 +649,8 @@ def _shown(value: object) -> str:
     NAME_CHARS (its repr was as long as it: a list of 20,000 numbers made a refusal of 129 KB)."""
     if isinstance(value, PurePath):
         return quoted_name(str(value))
+    if value is None:  # YAML's null (TOML has none): Python's None is no word of the file's
+        return "null"
     if isinstance(value, (list, tuple, dict, set)):
         return cut_message(repr(value), NAME_CHARS)
     return shown_value(value)
@@ -882,7 +885,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         raise ConfigError(f"{model_dir}: more than one config file: {', '.join(p.name for p in found)}")
     data = read_config_file(found[0])
     if "name" not in data and not re.fullmatch(_MODEL_NAME, model_dir.name):
-        # Else named as a setting the file does not have: "name: 'my model' is not a valid model name ...".
+        # Else named as a setting the file does not have: "name: expected a model name of ...; got 'my model'".
         raise ConfigError(
             f"{found[0]}: name: the model is named after its folder, {quoted_name(model_dir.name)}, which is not a "
             "valid model name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"

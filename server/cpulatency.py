@@ -41,7 +41,7 @@ class CpuWakeupLatency:
 
     def __init__(self, latency_us: int, path: str = DEVICE) -> None:
         if not 0 <= latency_us <= NO_CONSTRAINT_US:
-            raise ValueError(f"cpu wake-up latency must be 0 to {NO_CONSTRAINT_US} µs; got {latency_us}")
+            raise ValueError(f"cpu wake-up latency: expected 0 to {NO_CONSTRAINT_US} µs; got {latency_us}")
         self.latency_us = latency_us
         self.path = path
         self._value = _S32.pack(latency_us)

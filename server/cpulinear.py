@@ -197,7 +197,7 @@ class OneDNNLinear(nn.Linear):
     @classmethod
     def of(cls, linear: nn.Linear, min_rows: int = MIN_ROWS) -> OneDNNLinear:
         if min_rows < 1:
-            raise ValueError(f"min_rows must be >= 1; got {min_rows}")
+            raise ValueError(f"min_rows: expected >= 1; got {min_rows}")
         view = copy.copy(linear)
         view.__class__ = cls
         view.min_rows = min_rows
@@ -330,7 +330,7 @@ def with_onednn_linear(module: nn.Module, min_rows: int = MIN_ROWS) -> tuple[nn.
     compiled, or when oneDNN is not available. The view shares the modules it did not rewrite, and
     their state, with `module`."""
     if min_rows < 1:
-        raise ValueError(f"min_rows must be >= 1; got {min_rows}")
+        raise ValueError(f"min_rows: expected >= 1; got {min_rows}")
     compiled = type(module).__module__.startswith("torch._dynamo")  # calls the original's forward
     if isinstance(module, torch.jit.ScriptModule) or compiled or not onednn_available():
         return module, 0, 0

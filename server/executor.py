@@ -1106,7 +1106,7 @@ class Executor:
     def __init__(self, servable: Servable, cfg: InstanceConfig, cpu_linear: str = "onednn") -> None:
         """`cpu_linear`: 'onednn' or 'torch', how CPU instances run nn.Linear (ServerSettings.cpu_linear)."""
         if cpu_linear not in ("onednn", "torch"):
-            raise ValueError(f"cpu_linear must be 'onednn' or 'torch'; got {cpu_linear!r}")
+            raise ValueError(f"cpu_linear: expected 'onednn' or 'torch'; got {cpu_linear!r}")
         try:
             devices = resolve_devices(cfg.devices)
         except ModelExecutionError as exc:

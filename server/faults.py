@@ -237,6 +237,8 @@ def shown(v) -> str:
         return f"an integer of {len(str(abs(v)))} digits"
     if isinstance(v, str):
         return quoted_name(v)
+    if v is None:  # JSON's null, in the body's words
+        return "null"
     if isinstance(v, (list, dict)):
         return cut_message(repr(v), NAME_CHARS)
     return repr(v)

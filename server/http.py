@@ -13,12 +13,12 @@ once at WARNING):
   GET  /admin/batching   each model's batching policy
   POST /admin/batching   {"model", "max_batch_size"?, "max_queue_delay_ms"?}
   GET  /events           text/event-stream of batch and tick events
-Once the server stops (its drain has begun), a POST (a change) answers 503 `{"error": "the server
-is stopping: ..."}` and the connection ends, kept alive from before the stop or not, its headers
-sent before the stop or not; but `{"mode": "off"}` to /admin/faults is taken through the drain (a
-fault lifted lets the drain finish). The reads (GET and HEAD of the admin paths, /metrics) are
-answered through the drain; from this port's own stop, the drain's end, every POST and /events
-answer 503.
+Once the server stops (its drain has begun), a POST (a change) answers 503 `{"error": "POST <path>:
+expected a server that serves; got one that is stopping"}` and the connection ends, kept alive from
+before the stop or not, its headers sent before the stop or not; but `{"mode": "off"}` to
+/admin/faults is taken through the drain (a fault lifted lets the drain finish). The reads (GET and
+HEAD of the admin paths, /metrics) are answered through the drain; from this port's own stop, the
+drain's end, every POST and /events answer 503.
 
 Every answer carries a Date header (RFC 9110 6.6.1), formatted once a second. A request whose Host
 is not `host[:port]` (RFC 9110 7.2: a name, an IPv4 address or a bracketed IPv6 one, then an
@@ -156,12 +156,14 @@ ADMIN_ROUTES = {
 # request already in the socket the close is a reset, which may make the client's kernel drop this
 # answer unread (Linux keeps it); dropped, it is the bare close it replaces, else a scrape error that
 # says why.
-_REFUSED_BODY = b"the metrics port is at its connection limit, every connection busy: try again\n"
+_REFUSED_BODY = (
+    b"connection: expected a free one among the metrics port's, at its limit; got every one busy: try again\n"
+)
 # The answer to a connection closed to make room for a newer one with a request owed (its first,
 # perhaps in the socket, not read yet: a burst of new connections closes some of its own).
 _CLOSED_FOR_ROOM_BODY = (
-    b"the metrics port is at its connection limit: this connection was closed for a newer one before its "
-    b"request was read: try again\n"
+    b"connection: expected its request read; got it closed unread for a newer one, the metrics port at its "
+    b"connection limit: try again\n"
 )
 METRICS_OFF = b"metrics are off: this server runs with --no-metrics\n"
 
@@ -306,7 +308,9 @@ class MetricsHTTPServer:
         return self._stopping or getattr(server, "draining", False) is True
 
     async def _refuse_stopping(self, writer, path: str) -> None:
-        await self._json(writer, 503, {"error": f"the server is stopping: POST {path} is refused"}, True)
+        await self._json(
+            writer, 503, {"error": f"POST {path}: expected a server that serves; got one that is stopping"}, True
+        )
 
     def render(self, body: tuple[bool, str]) -> bytes:
         """The metrics in a format (OpenMetrics or not) and an escaping of names (`Exposition.body`)."""
@@ -705,10 +709,20 @@ class MetricsHTTPServer:
                 return False
             if self._stopping:
                 # The admin has closed (or is closing): a stream now would outlive the stop.
-                await self._json(writer, 503, {"error": "the server is stopping"}, True)
+                await self._json(
+                    writer, 503, {"error": "GET /events: expected a server that serves; got one that is stopping"}, True
+                )
                 return False
             if self._streams >= MAX_EVENT_STREAMS:
-                await self._json(writer, 503, {"error": f"already {MAX_EVENT_STREAMS} /events streams open"}, True)
+                await self._json(
+                    writer,
+                    503,
+                    {
+                        "error": f"GET /events: expected fewer than {MAX_EVENT_STREAMS} streams open; "
+                        f"got {self._streams}"
+                    },
+                    True,
+                )
                 return False
             await self._stream_events(writer)
             return False
@@ -1072,8 +1086,8 @@ def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
             f"the body ends is unknown); got {shown}"
         )
     return 501, (
-        f"Transfer-Encoding {shown} is not implemented: this server reads a body by its Content-Length "
-        "alone (RFC 9112 6.1); send one"
+        "Transfer-Encoding: expected none, since this server reads a body by its Content-Length alone (RFC 9112 "
+        f"6.1): send one; got {shown}"
     )
 
 
@@ -1462,7 +1476,7 @@ def cross_site_refusal(headers: dict, authority: str | None = None) -> str | Non
         # header that may say otherwise, or be absent.
         where = "Host" if authority is None else "the request target's host"
         # quoted, as the 400s show what a request sent: a Host of 16 KiB made a 403 as long.
-        return f"{where} {quoted(host)} is not an IP address or localhost; the admin API answers only those"
+        return f"{where}: expected an IP address or localhost, all the admin API answers; got {quoted(host)}"
     origin = headers.get("origin")
     if origin is not None:
         try:
@@ -1470,6 +1484,9 @@ def cross_site_refusal(headers: dict, authority: str | None = None) -> str | Non
         except ValueError:  # not a URL ("http://[x"), so not this server's
             o = None
         if o is None or o.netloc.lower() != host.lower() or o.scheme != "http":
-            this = quoted(host)  # valid_host passed, but its port may be 16 KiB of digits
-            return f"Origin {quoted(origin)} is not this server ({this}); the admin API takes no cross-site requests"
+            this = quoted(f"http://{host}")  # valid_host passed, but its port may be 16 KiB of digits
+            return (
+                f"Origin: expected none or this server's, {this} (the admin API takes no cross-site requests); "
+                f"got {quoted(origin)}"
+            )
     return None

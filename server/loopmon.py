@@ -32,7 +32,7 @@ class LoopLagMonitor:
 
     def __init__(self, record: Callable[[float], None], interval: float = DEFAULT_INTERVAL_S) -> None:
         if not interval > 0:
-            raise ValueError(f"loop lag interval must be > 0 s; got {interval}")
+            raise ValueError(f"loop lag interval: expected > 0 s; got {interval}")
         self.interval = interval
         self._record = record
         self._timer: PreciseTimer | None = None

@@ -81,10 +81,12 @@ def read_profile_fit(path: Path) -> tuple[float, float]:
         raise ValueError(f"profile {path}: no numeric fit.alpha_s and fit.beta_s ({exc!r})") from None
     # JSON numbers only: a quoted "0.001" is a document `wok profile` did not write.
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, beta)):
-        raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s must be numbers; got {alpha!r} and {beta!r}")
+        raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s: expected numbers; got {alpha!r} and {beta!r}")
     alpha, beta = float(alpha), float(beta)
     if not (math.isfinite(alpha) and math.isfinite(beta)):
-        raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s must be finite")
+        raise ValueError(
+            f"profile {path}: fit.alpha_s and fit.beta_s: expected finite numbers; got {alpha!r} and {beta!r}"
+        )
     # A fitted α can come out slightly below 0 (noise at small n), as wok tune also clamps.
     return max(alpha, 0.0), max(beta, 0.0)
 
@@ -201,7 +203,7 @@ class BatchTimeModel:
         prior_weight: float = 4.0,
     ) -> None:
         if not 0.5 <= quantile < 1.0:
-            raise ValueError(f"quantile must be in [0.5, 1); got {quantile}")
+            raise ValueError(f"quantile: expected a value in [0.5, 1); got {quantile}")
         self.max_batch_size = max_batch_size
         self.quantile = quantile
         self.decay = decay

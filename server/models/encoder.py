@@ -76,14 +76,14 @@ class EncoderServable(Servable):
         tokens = inputs["tokens"]
         length = tokens.shape[1]
         if length < 1:
-            raise InvalidInput("input 'tokens': sequence length must be at least 1; got 0")
+            raise InvalidInput("input 'tokens': expected a sequence length of at least 1; got 0")
         if length > self.max_length:
-            raise InvalidInput(f"input 'tokens': sequence length must be at most {self.max_length}; got {length}")
+            raise InvalidInput(f"input 'tokens': expected a sequence length of at most {self.max_length}; got {length}")
         if tokens.size == 0:
             return
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.vocab:
-            raise InvalidInput(f"input 'tokens': token ids must be in [0, {self.vocab}); got values from {lo} to {hi}")
+            raise InvalidInput(f"input 'tokens': expected token ids in [0, {self.vocab}); got values from {lo} to {hi}")
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         return length_bucket(inputs["tokens"].shape[1], self.max_length)
@@ -122,7 +122,7 @@ def build(
 ) -> Servable:
     """The `encoder` demo model: `layers` transformer layers of width `d_model`."""
     if vocab < MIN_VOCAB:
-        raise ValueError(f"{NAME}: vocab must be >= {MIN_VOCAB}; got {vocab}")
+        raise ValueError(f"{NAME}: vocab: expected >= {MIN_VOCAB}; got {vocab}")
     for opt, value in (
         ("max_length", max_length),
         ("d_model", d_model),
@@ -131,9 +131,9 @@ def build(
         ("dim_feedforward", dim_feedforward),
     ):
         if value < 1:
-            raise ValueError(f"{NAME}: {opt} must be >= 1; got {value}")
+            raise ValueError(f"{NAME}: {opt}: expected >= 1; got {value}")
     if d_model % nhead:
-        raise ValueError(f"{NAME}: d_model ({d_model}) must be divisible by nhead ({nhead})")
+        raise ValueError(f"{NAME}: d_model: expected a multiple of nhead ({nhead}); got {d_model}")
     config = model_config_from_dict(
         {
             "name": NAME,

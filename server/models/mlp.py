@@ -50,9 +50,9 @@ def build(
         ("out_features", out_features),
     ):
         if value < 1:
-            raise ValueError(f"{NAME}: {opt} must be >= 1; got {value}")
+            raise ValueError(f"{NAME}: {opt}: expected >= 1; got {value}")
     if layers < 0:
-        raise ValueError(f"{NAME}: layers must be >= 0; got {layers}")
+        raise ValueError(f"{NAME}: layers: expected >= 0; got {layers}")
     config = model_config_from_dict(
         {
             "name": NAME,

@@ -59,7 +59,7 @@ class RecsysServable(Servable):
             return
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.num_embeddings:
-            raise InvalidInput(f"input 'ids': ids must be in [0, {self.num_embeddings}); got values from {lo} to {hi}")
+            raise InvalidInput(f"input 'ids': expected ids in [0, {self.num_embeddings}); got values from {lo} to {hi}")
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         return None
@@ -98,10 +98,10 @@ def build(
 ) -> Servable:
     """The `recsys` demo model: `num_embeddings` x `dim` table, `dense_features` dense inputs."""
     if num_embeddings < MIN_TABLE_ROWS:
-        raise ValueError(f"{NAME}: num_embeddings must be >= {MIN_TABLE_ROWS}; got {num_embeddings}")
+        raise ValueError(f"{NAME}: num_embeddings: expected >= {MIN_TABLE_ROWS}; got {num_embeddings}")
     for opt, value in (("dim", dim), ("dense_features", dense_features), ("hidden", hidden)):
         if value < 1:
-            raise ValueError(f"{NAME}: {opt} must be >= 1; got {value}")
+            raise ValueError(f"{NAME}: {opt}: expected >= 1; got {value}")
     config = model_config_from_dict(
         {
             "name": NAME,

@@ -118,14 +118,14 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
         st.writer_error = "InvalidStateError('RPC already finished.')"
 
     cases = {
-        "wrong rows": (answer("unary", "good", "OK", "OK", "", [[0.0, 0.0]]), each("expected [[")),
+        "wrong rows": (answer("unary", "good", "OK", "OK", "", [[0.0, 0.0]]), each("expected rows [[")),
         "unreadable": (
             answer("unary", "good", "OK", "OK", "", "an answer that cannot be read: KeyError('y')"),
-            each("answered an answer that cannot be read: KeyError"),
+            each("got an answer that cannot be read: KeyError"),
         ),
-        "twice": (twice, each("got 2 answers")),
-        "lost": (lost, each("got no answer")),
-        "bad answered": (answer("unary", "bad", "INTERNAL"), each("got OK, expected INTERNAL")),
+        "twice": (twice, each("expected one answer; got 2")),
+        "lost": (lost, each("expected an answer; got none")),
+        "bad answered": (answer("unary", "bad", "INTERNAL"), each("expected INTERNAL; got OK")),
         "not cut": (answer("unary", "good", "OK", "CANCELLED", "cancelled", None), each("the client cut nothing")),
         "no deadline": (
             answer("unary", "bad_shape", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "x", None),
@@ -134,7 +134,7 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
         "early timeout": (too_soon, each("before its timeout")),
         "unmarked": (
             answer("unary", "good", "OK", "INTERNAL", "model 'chaos' failed: IndexError", None),
-            each("good request", "got INTERNAL"),
+            each("good request", "expected OK; got INTERNAL"),
         ),
         "final": (answer("final", "good", "OK", "UNAVAILABLE", "gone", None), each("after the load")),
         "stray": (stray, each("ids of no request of its own")),

@@ -273,7 +273,9 @@ def test_a_bound_the_device_cannot_take_is_refused_before_any_run():
     cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "bare", "--cpu-wakeup-latency", str(2**31)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"compare: --cpu-wakeup-latency: cpu wake-up latency must be 0 to 2000000000 µs; got {2**31}" in proc.stderr
+    assert (
+        f"compare: --cpu-wakeup-latency: cpu wake-up latency: expected 0 to 2000000000 µs; got {2**31}" in proc.stderr
+    )
 
 
 def test_thread_groups_from_a_fake_task_folder(tmp_path):

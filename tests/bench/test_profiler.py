@@ -1069,14 +1069,14 @@ def test_batch_sizes_refused_by_the_step_parser_name_the_option_once(spec, messa
         (
             ["recsys", "--int-high", "2000000"],
             "--int-high 2000000: served, model 'recsys' answers such a request INVALID_ARGUMENT before it is batched: "
-            "input 'ids': ids must be in [0, 200000); got values from ",
+            "input 'ids': expected ids in [0, 200000); got values from ",
         ),
         (
             ["encoder", "--sizes", "fixed:300"],
             "--sizes fixed:300 and input 'tokens' below 256 (it has no id bound of its own: the rows of the model's "
             "smallest embedding table; where the model changes ids before a lookup, --int-high below 256 draws them "
             "lower): served, model 'encoder' answers such a request INVALID_ARGUMENT before it is batched: input "
-            "'tokens': sequence length must be at most 256; got 300",
+            "'tokens': expected a sequence length of at most 256; got 300",
         ),
     ],
 )

@@ -14,7 +14,7 @@ from wok.bench.workers import Outcome, Share, _run_share, merge_details
 
 # The encoder's positions stop at 256: every request of 257 tokens is refused. (A --rows above the
 # model's max_batch_size is refused before the ramp, from its config: tests/bench/test_soak_checks.py.)
-TOO_LONG = "input 'tokens': sequence length must be at most 256; got 257"
+TOO_LONG = "input 'tokens': expected a sequence length of at most 256; got 257"
 INVALID, NOT_FOUND, UNAVAILABLE = (c.value[0] for c in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                                                         grpc.StatusCode.UNAVAILABLE))  # fmt: skip
 
@@ -82,7 +82,7 @@ def test_some_requests_refused_show_the_message_and_do_not_fail_the_run(bench_se
     assert refused, "no id drawn past the table in either step"
     for s in refused:
         assert list(s["error_details"]) == ["INVALID_ARGUMENT"]
-        assert s["error_details"]["INVALID_ARGUMENT"].startswith("input 'ids': ids must be in [0, 20000)")
+        assert s["error_details"]["INVALID_ARGUMENT"].startswith("input 'ids': expected ids in [0, 20000)")
 
 
 class _Refusing:

@@ -218,8 +218,8 @@ async def test_a_body_over_the_admin_api_s_64_kib_once_the_model_is_added_gets_i
     assert (status, json.loads(answer)) == (
         413,
         {
-            "error": "the wok server answered 413 Content Too Large with 'Content-Length: expected at most 65536 "
-            f"bytes; got '{sent}'' (the body sent on, the model added: {sent:,} bytes)"
+            "error": "the wok server answered 413 Content Too Large: Content-Length: expected at most 65536 bytes; "
+            f"got '{sent}' (the body sent on, the model added: {sent:,} bytes)"
         },
     )
     assert admin.admin.posted == []
@@ -238,8 +238,8 @@ async def test_a_change_while_the_wok_server_stops_gets_its_503_with_its_message
     assert (status, json.loads(answer)) == (
         503,
         {
-            "error": "the wok server answered 503 Service Unavailable with "
-            "'the server is stopping: POST /admin/batching is refused'"
+            "error": "the wok server answered 503 Service Unavailable: POST /admin/batching: expected a server that "
+            "serves; got one that is stopping"
         },
     )
 
@@ -251,8 +251,8 @@ async def test_the_wok_server_s_own_500_is_a_502_naming_it_not_the_page_s_500(re
     assert (status, json.loads(answer)) == (
         502,
         {
-            "error": "the wok server answered 500 Internal Server Error with "
-            "'POST /admin/faults: internal error; see the server's log'"
+            "error": "the wok server answered 500 Internal Server Error: POST /admin/faults: internal error; see the "
+            "server's log"
         },
     )
 
@@ -285,16 +285,15 @@ def _answer(status: str, body: bytes, length: int | None = None, ctype: str = "a
             ),
             (
                 502,
-                "the wok server answered 408 Request Timeout with "
-                "'body: expected Content-Length 14 bytes within 10 s; got fewer'",
+                "the wok server answered 408 Request Timeout: body: expected Content-Length 14 bytes within 10 s; "
+                "got fewer",
             ),
         ),
         (
             _answer("411 Length Required", b'{"error":"Content-Length: expected one header for a POST; got none"}\n'),
             (
                 502,
-                "the wok server answered 411 Length Required with "
-                "'Content-Length: expected one header for a POST; got none'",
+                "the wok server answered 411 Length Required: Content-Length: expected one header for a POST; got none",
             ),
         ),
         (
@@ -366,5 +365,8 @@ async def test_a_change_before_the_wok_server_has_started_gets_503_saying_so():
     status, got = await _faults_off_through_a_live_page(None)
     assert (status, json.loads(got)) == (
         503,
-        {"error": "the wok server is still starting: POST /admin/faults is refused; try again once it serves"},
+        {
+            "error": "POST /admin/faults: expected a wok server that serves; got one still starting: try again once "
+            "it serves"
+        },
     )

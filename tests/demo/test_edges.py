@@ -124,7 +124,7 @@ def test_no_batch_time_exits_2_naming_both_options(alpha, beta, wok_cli, monkeyp
 
 def test_a_refused_load_body_changes_nothing():
     control = LoadControl(100)
-    with pytest.raises(ValueError, match=r"^field 'burst_s': expected seconds above 0 up to 30; got None$"):
+    with pytest.raises(ValueError, match=r"^field 'burst_s': expected seconds above 0 up to 30; got null$"):
         control.set({"rate": 777, "burst_rate": 100})
     with pytest.raises(ValueError, match=r"^field 'burst_rate': expected requests per second"):
         control.set({"rate": 777, "burst_rate": -1, "burst_s": 5})

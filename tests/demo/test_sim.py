@@ -68,7 +68,7 @@ def test_load_control_checks_and_bursts():
     c = LoadControl(100)
     with pytest.raises(ValueError, match=r"field 'rate': expected .* got -1"):
         c.set({"rate": -1})
-    with pytest.raises(ValueError, match=r"field 'burst_s': expected .* got None"):
+    with pytest.raises(ValueError, match=r"field 'burst_s': expected .* got null"):
         c.set({"burst_rate": 500})
     with pytest.raises(ValueError, match=r"field 'speed'"):
         c.set({"speed": 2})

@@ -54,8 +54,8 @@ async def test_a_url_too_long_gets_414_and_the_page_goes_on(page):
 @pytest.mark.parametrize(
     "coding, expected, error",
     [
-        ("chunked", b"HTTP/1.1 501 Not Implemented", "Transfer-Encoding 'chunked' is not implemented: this server "
-         "reads a body by its Content-Length alone (RFC 9112 6.1); send one"),
+        ("chunked", b"HTTP/1.1 501 Not Implemented", "Transfer-Encoding: expected none, since this server reads a "
+         "body by its Content-Length alone (RFC 9112 6.1): send one; got 'chunked'"),
         ("gzip", b"HTTP/1.1 400 Bad Request", "Transfer-Encoding: expected chunked as the last coding, and once "
          "(RFC 9112 6.3: else where the body ends is unknown); got 'gzip'"),
     ],

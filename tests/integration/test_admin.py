@@ -163,8 +163,16 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
         # A page on another site may send these without a CORS preflight (text/plain, a form).
         ("Content-Type: text/plain", 415, "Content-Type: expected application/json for a POST; got 'text/plain'"),
         ("Content-Type: application/x-www-form-urlencoded", 415, "got 'application/x-www-form-urlencoded'"),
-        ("Content-Type: application/json\r\nOrigin: http://evil.example", 403, "Origin 'http://evil.example'"),
-        ("Content-Type: application/json\r\nHost: evil.example", 403, "Host 'evil.example' is not an IP address"),
+        (
+            "Content-Type: application/json\r\nOrigin: http://evil.example",
+            403,
+            "cross-site requests); got 'http://evil.example'",
+        ),
+        (
+            "Content-Type: application/json\r\nHost: evil.example",
+            403,
+            "Host: expected an IP address or localhost, all the admin API answers; got 'evil.example",
+        ),
         # Not a number of bytes: refused as the head is read, in plain text as other framing errors.
         ("Content-Type: application/json\r\nContent-Length: \xb2", 400, "expected a number of bytes; got '\\xb2'"),
         # JSON is UTF-8 (RFC 8259 8.1): a charset that says otherwise was ignored, and the body read as UTF-8.

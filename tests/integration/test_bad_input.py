@@ -103,7 +103,7 @@ CASES = {
     "id out of range": (
         encode_request("encoder", {"tokens": np.array([[1, 2, 5000]], np.int64)}),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "input 'tokens': token ids must be in [0, 1000); got values from 1 to 5000",
+        "input 'tokens': expected token ids in [0, 1000); got values from 1 to 5000",
     ),
     "unknown output": (
         encode_request("mlp", GOOD, outputs=["NOPE"]),

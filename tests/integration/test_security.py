@@ -39,7 +39,7 @@ from wok.clients import TLS, AsyncClient, Client, InferError
 from wok.clients.channel import auth_metadata, tls_mode
 from wok.codec import encode_request
 from wok.config import model_config_from_dict, server_settings
-from wok.errors import ConfigError
+from wok.errors import ConfigError, quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -971,7 +971,10 @@ def test_factory_names_cannot_leave_the_repository(probe):
     for factory in ("..wok_probe_evil:build", "...code.wok_probe_evil:build", "/abs/path:build", "a/b:c", "a.:b"):
         with pytest.raises(ConfigError) as info:
             model_config_from_dict({**base, "factory": factory}, "cfg")
-        assert "factory must be 'module:callable' with a dotted module name" in str(info.value), factory
+        assert "factory: expected 'module:callable' with a dotted module name, such as 'model:build' or " in str(
+            info.value
+        ), factory
+        assert str(info.value).endswith(f"; got {quoted_name(factory)}"), factory
     for factory in ("model:build", "pkg.models_2:build_it", "_x:_y"):
         assert model_config_from_dict({**base, "factory": factory}, "cfg").factory == factory
     assert not probe.exists()

@@ -247,7 +247,7 @@ async def test_the_server_refuses_a_request_of_0_rows_before_it_reaches_either_p
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await stub.ModelInfer(encode_request(model, {"INPUT0": np.ones((0, 4), np.float32)}), timeout=30)
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, model
-                assert info.value.details() == "input 'INPUT0': batch dimension is 0; send at least one row"
+                assert info.value.details() == "input 'INPUT0': expected at least one row in the batch dimension; got 0"
                 b = server.runtimes[model].batcher
                 assert b.queued == 0 and not b._queues, model
                 assert b.stats.fail.count == 1, model  # the error its caller got (the service counts it)

@@ -93,7 +93,7 @@ def test_unknown_datatype(tmp_path):
     msg, path = load_error(tmp_path, changed(inputs=[{"name": "INPUT0", "datatype": "FP33", "dims": [4]}]))
     assert msg.startswith(f"{path}: ")
     assert "inputs.0.datatype" in msg
-    assert "unknown datatype 'FP33'" in msg
+    assert "expected a V2 datatype, one of BOOL, " in msg and msg.endswith("; got 'FP33'")
     assert "FP32" in msg  # the accepted names are listed
 
 
@@ -153,8 +153,10 @@ def test_a_parameter_named_as_the_servers_published_ones_is_refused(tmp_path):
 def test_preferred_batch_size_above_max(tmp_path):
     msg, path = load_error(tmp_path, changed(dynamic_batching={"preferred_batch_sizes": [4, 16]}))
     assert msg.startswith(f"{path}: ")
-    assert "preferred batch size 16" in msg
-    assert "max_batch_size (8)" in msg
+    assert msg == (
+        f"{path}: (top level): dynamic_batching.preferred_batch_sizes: expected sizes from 1 to max_batch_size (8); "
+        "got 16"
+    )
 
 
 def test_python_platform_without_factory(tmp_path):
@@ -408,7 +410,7 @@ def test_a_name_unfit_for_a_model_name(tmp_path, name):
     # YAML: the helper's TOML does not escape a newline.
     msg, path = load_error(tmp_path, changed(name=name), filename="config.yaml")
     shown = quoted_name(name)
-    assert msg == f"{path}: name: {shown} is not a valid model name: expected letters, digits, '_', '.' and '-' only"
+    assert msg == f"{path}: name: expected a model name of letters, digits, '_', '.' and '-' only; got {shown}"
 
 
 @pytest.mark.parametrize("name", [".", ".."])
@@ -417,8 +419,8 @@ def test_a_model_name_that_urls_drop_as_a_path_segment_is_refused(tmp_path, name
     # /v2/models/./ready asks for a model named 'ready'.
     msg, path = load_error(tmp_path, changed(name=name))
     assert msg == (
-        f"{path}: name: {quoted_name(name)} is not a valid model name: clients drop it from a URL path, so the V2 "
-        f"HTTP path /v2/models/{name}/ready is sent without it; expected a name with a letter, digit, '_' or '-'"
+        f"{path}: name: expected a model name with a letter, digit, '_' or '-' (clients drop a name of dots alone "
+        f"from a URL path: the V2 HTTP path /v2/models/{name}/ready is sent without it); got {quoted_name(name)}"
     )
     assert load_model_config(write_model(tmp_path / "ok", changed(name=".m."))).name == ".m."
 
@@ -585,7 +587,7 @@ def test_server_settings_accept_tasks_and_wakeup_drain():
 def test_an_input_item_error_is_not_also_reported_as_a_list_too_short(tmp_path):
     # pydantic counts only the items that validated: the list's "at least 1 item" is a false error.
     msg, _ = load_error(tmp_path, changed(inputs=[{"name": "INPUT0", "datatype": "FLOAT32", "dims": [4]}]))
-    assert "inputs.0.datatype" in msg and "unknown datatype 'FLOAT32'" in msg
+    assert "inputs.0.datatype: expected a V2 datatype" in msg and "got 'FLOAT32'" in msg
     assert "at least 1 item" not in msg
     msg, _ = load_error(tmp_path / "empty", changed(inputs=[]))
     assert "inputs: expected at least 1 item; got []" in msg  # an empty list still says so
@@ -723,7 +725,7 @@ def test_server_settings_times_and_switches_are_not_coerced(field, value, kind):
         ({"schema": "wok.profile/1"}, "profile {p}: no numeric fit.alpha_s and fit.beta_s (KeyError('fit'))"),
         (
             {"schema": "wok.profile/1", "fit": {"alpha_s": "0.001", "beta_s": 1e-5}},
-            "profile {p}: fit.alpha_s and fit.beta_s must be numbers; got '0.001' and 1e-05",
+            "profile {p}: fit.alpha_s and fit.beta_s: expected numbers; got '0.001' and 1e-05",
         ),
     ],
 )
@@ -913,12 +915,12 @@ SPACED = "X" * 1000 + " "
 @pytest.mark.parametrize(
     ("change", "where", "message"),
     [
-        ({"name": "it's"}, "name", "'it's' is not a valid model name: expected letters, digits, '_', '.' and '-' only"),
+        ({"name": "it's"}, "name", "expected a model name of letters, digits, '_', '.' and '-' only; got 'it's'"),
         (
             {"name": LONG_NAME},
             "name",
-            f"'{LONG_NAME[:200]}'… (150,000 characters in all) is not a valid model name: expected letters, digits, "
-            "'_', '.' and '-' only",
+            "expected a model name of letters, digits, '_', '.' and '-' only; got "
+            f"'{LONG_NAME[:200]}'… (150,000 characters in all)",
         ),
         (
             {"inputs": [{"name": SPACED, "datatype": "FP32", "dims": [4]}]},
@@ -930,8 +932,8 @@ SPACED = "X" * 1000 + " "
         (
             {"inputs": [{"name": "INPUT0", "datatype": "FP\\32", "dims": [4]}]},
             "inputs.0.datatype",
-            "unknown datatype 'FP\\32'; expected one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, "
-            "INT64, FP16, FP32, FP64, BYTES, BF16",
+            "expected a V2 datatype, one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, "
+            "FP32, FP64, BYTES, BF16; got 'FP\\32'",
         ),
         (
             {"instances": {"devices": ["it's"]}},
@@ -953,7 +955,7 @@ SPACED = "X" * 1000 + " "
         (
             {"inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [0] * 20_000}]},
             "inputs.0.dims",
-            f"each dim must be -1 (variable) or >= 1; got {str([0] * 20_000)[:167]}… (60,000 characters in all)",
+            f"expected each dim -1 (variable) or >= 1; got {str([0] * 20_000)[:167]}… (60,000 characters in all)",
         ),
     ],
     ids=["quote", "long-name", "long-tensor-name", "backslash", "device", "long-value", "long-list", "long-dims"],
@@ -961,6 +963,12 @@ SPACED = "X" * 1000 + " "
 def test_text_from_a_config_is_shown_quoted_cut_and_escaped(tmp_path, change, where, message):
     msg, path = load_error(tmp_path, changed(**change))
     assert msg == f"{path}: {where}: {message}"
+
+
+def test_a_yaml_null_is_shown_in_the_file_s_word(tmp_path):
+    # It was "got None", Python's word for what the file wrote as null (TOML has none).
+    msg, path = load_error(tmp_path, changed(max_batch_size=None), "config.yaml")
+    assert msg == f"{path}: max_batch_size: expected an integer; got null"
 
 
 @pytest.mark.parametrize("index", ["\N{SUPERSCRIPT TWO}", "\N{ARABIC-INDIC DIGIT THREE}"])

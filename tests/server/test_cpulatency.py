@@ -53,7 +53,9 @@ def test_a_failed_write_names_the_device_and_leaves_no_descriptor_open():
 
 
 def test_latencies_outside_the_device_range_are_refused_with_the_value():
-    with pytest.raises(ValueError, match=re.escape(f"must be 0 to {NO_CONSTRAINT_US} µs; got -5")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"cpu wake-up latency: expected 0 to {NO_CONSTRAINT_US} µs; got -5")
+    ):
         CpuWakeupLatency(-5)
     with pytest.raises(ValueError, match=re.escape(f"got {2**31}")):
         CpuWakeupLatency(2**31)  # would not fit the device's signed 32 bits

@@ -472,9 +472,9 @@ def test_left_alone_other_dtypes_subclasses_torchscript_compiled_and_modules_wit
     assert with_onednn_linear(compiled) == (compiled, 0, 0)
     conv = nn.Conv1d(1, 1, 3)
     assert with_onednn_linear(conv) == (conv, 0, 0)
-    with pytest.raises(ValueError, match="min_rows must be >= 1; got 0"):
+    with pytest.raises(ValueError, match="min_rows: expected >= 1; got 0"):
         OneDNNLinear.of(nn.Linear(2, 2), min_rows=0)
-    with pytest.raises(ValueError, match="min_rows must be >= 1; got 0"):
+    with pytest.raises(ValueError, match="min_rows: expected >= 1; got 0"):
         with_onednn_linear(nn.Linear(2, 2), min_rows=0)
 
 
@@ -522,7 +522,7 @@ def test_executor_runs_onednn_by_default_and_torch_when_asked():
     finally:
         fast.shutdown()
         plain.shutdown()
-    with pytest.raises(ValueError, match="cpu_linear must be 'onednn' or 'torch'; got 'mkl'"):
+    with pytest.raises(ValueError, match="cpu_linear: expected 'onednn' or 'torch'; got 'mkl'"):
         Executor(s, cpu, cpu_linear="mkl")
 
 

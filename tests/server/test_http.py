@@ -867,7 +867,10 @@ def test_a_connection_refused_at_the_cap_gets_503_and_a_warning_at_most_once_a_w
     for answer in answers:
         [(top, body)] = responses(answer, [False])
         assert top.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Connection: close" in top, answer
-        assert body == b"the metrics port is at its connection limit, every connection busy: try again\n"
+        assert (
+            body == b"connection: expected a free one among the metrics port's, at its limit; got every one busy: "
+            b"try again\n"
+        )
     line = (
         "metrics port: refused 1 new connection(s) (503, closed) since the last warning: all 1 connections were "
         "busy (answering, streaming /events, or just accepted), none idle to close for room; scrapes among them "
@@ -879,8 +882,8 @@ def test_a_connection_refused_at_the_cap_gets_503_and_a_warning_at_most_once_a_w
 
 
 CLOSED_FOR_ROOM = (
-    b"the metrics port is at its connection limit: this connection was closed for a newer one before its "
-    b"request was read: try again\n"
+    b"connection: expected its request read; got it closed unread for a newer one, the metrics port at its "
+    b"connection limit: try again\n"
 )
 
 

@@ -372,8 +372,8 @@ async def test_an_absolute_form_target_is_served_and_its_authority_stands_for_ho
     assert status(top) == b"HTTP/1.1 403 Forbidden", refused
     # Named as the URL's: the Host header, 127.0.0.1, is not what was refused.
     assert json.loads(body) == {
-        "error": f"the request target's host 'rebound.example:{s.port}' is not an IP address or localhost; "
-        "the admin API answers only those"
+        "error": "the request target's host: expected an IP address or localhost, all the admin API answers; "
+        f"got 'rebound.example:{s.port}'"
     }
     assert status(responses(posted, [False])[0][0]) == b"HTTP/1.1 200 OK", posted
     assert s.admin.posted == [{}]
@@ -424,9 +424,9 @@ async def test_the_cross_site_refusal_shows_what_was_sent_escaped_and_cut(raw_ht
         )
     answers = [json.loads(responses(a, [False])[0][1])["error"] for a in (host, quote, origin)]
     assert answers == [
-        f"Host '{'a' * 200}'… (300 characters in all) is not an IP address or localhost; the admin API answers "
-        "only those",
-        "Host 'rebound'example' is not an IP address or localhost; the admin API answers only those",
-        f"Origin '{long_origin[:200]}'… (320 characters in all) is not this server ('127.0.0.1:{s.port}'); "
-        "the admin API takes no cross-site requests",
+        f"Host: expected an IP address or localhost, all the admin API answers; got '{'a' * 200}'… (300 characters "
+        "in all)",
+        "Host: expected an IP address or localhost, all the admin API answers; got 'rebound'example'",
+        f"Origin: expected none or this server's, 'http://127.0.0.1:{s.port}' (the admin API takes no cross-site "
+        f"requests); got '{long_origin[:200]}'… (320 characters in all)",
     ]

@@ -135,7 +135,7 @@ def test_an_event_stream_asked_for_once_the_admin_has_closed_gets_503_and_starts
             assert head.startswith(b"HTTP/1.1 503 "), f"an /events stream opened as the server stops: {head!r}"
             assert b"Connection: close" in head
             body = await read_to_end(reader)
-            assert b"the server is stopping" in body
+            assert b"expected a server that serves; got one that is stopping" in body
             assert not admin.subscribers
             assert not ticker_running(admin), "the admin's ticker started again after its close"
             go_on.set()

@@ -55,7 +55,7 @@ def assert_refused(answer: tuple[int, dict, bytes], path: str) -> None:
     status, headers, body = answer
     assert status == 503, f"POST {path} was served as the server stops: {status} {body!r}"
     assert headers["connection"] == "close"
-    assert json.loads(body) == {"error": f"the server is stopping: POST {path} is refused"}
+    assert json.loads(body) == {"error": f"POST {path}: expected a server that serves; got one that is stopping"}
 
 
 @pytest.fixture
@@ -216,7 +216,7 @@ async def test_a_post_whose_headers_came_before_the_stop_and_body_after_is_refus
         status_line, _, rest = answer.partition(b"\r\n")
         assert status_line == b"HTTP/1.1 503 Service Unavailable", answer
         assert json.loads(rest.partition(b"\r\n\r\n")[2]) == {
-            "error": f"the server is stopping: POST {path} is refused"
+            "error": f"POST {path}: expected a server that serves; got one that is stopping"
         }
         assert state(admin) == before, f"POST {path} changed the server as it drains"
         assert not stopping.done()

@@ -1609,7 +1609,7 @@ def test_a_bad_demo_name_or_option_is_a_config_error():
     assert str(info.value) == "demo model 'gpt': unknown demo model 'gpt'; known: mlp, recsys, encoder"
     with pytest.raises(ConfigError) as info:
         ModelRepository.demo(["mlp"], mlp={"hidden": -1})
-    assert str(info.value) == "demo model 'mlp': mlp: hidden must be >= 1; got -1"
+    assert str(info.value) == "demo model 'mlp': mlp: hidden: expected >= 1; got -1"
 
 
 def test_get_unknown_model_and_version(tmp_path):

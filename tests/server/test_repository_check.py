@@ -219,8 +219,8 @@ def test_a_torchscript_model_takes_a_check_from_its_folder(tmp_path):
 @pytest.mark.parametrize(
     ("check", "message"),
     [
-        ("model.check", "check must be 'module:callable' with a dotted module name, such as 'model:check'"),
-        ("../model:check", "check must be 'module:callable' with a dotted module name, such as 'model:check'"),
+        ("model.check", "check: expected 'module:callable' with a dotted module name, such as 'model:check'"),
+        ("../model:check", "check: expected 'module:callable' with a dotted module name, such as 'model:check'"),
         ("model:nothing", "has no attribute 'nothing'"),
         ("model:SEEN", "'SEEN' in "),
         ("model:waits", "'waits' in "),

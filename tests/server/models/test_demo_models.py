@@ -291,7 +291,7 @@ def test_recsys_rejects_out_of_range_ids(recsys):
     ids = np.array([[1, -3], [250_001, 7]], dtype=np.int64)
     with pytest.raises(InvalidInput) as info:
         recsys.check({"dense": np.zeros((2, 13), np.float32), "ids": ids})
-    assert str(info.value) == ("input 'ids': ids must be in [0, 200000); got values from -3 to 250001")
+    assert str(info.value) == ("input 'ids': expected ids in [0, 200000); got values from -3 to 250001")
 
 
 def test_encoder_accepts_small_ids(encoder):
