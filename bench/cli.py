@@ -1352,7 +1352,10 @@ def run_profile(args) -> int:
     bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
     total = (cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:  # stdout: the table
+    console = Console(stderr=True)  # stdout: the table
+    # Off where stderr is no terminal, which it draws nothing on: there its stop wrote an empty line, which stood
+    # before a refusal's line.
+    with Progress(*columns, console=console, transient=True, disable=not console.is_interactive) as bar:
         task = bar.add_task(f"profiling {servable.name}", total=total)
         result = profiler.profile(
             servable,

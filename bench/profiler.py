@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -47,8 +48,17 @@ from wok import tables
 from wok.codec import check_values
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import chains
-from wok.errors import InvalidInput, ModelExecutionError, WarmupError, message_of, script_error, to_status
+from wok.errors import (
+    InterruptedWorkLeft,
+    InvalidInput,
+    ModelExecutionError,
+    WarmupError,
+    message_of,
+    script_error,
+    to_status,
+)
 from wok.executor import Executor, failure_line, resolve_devices
+from wok.numerals import SPACES
 from wok.servable import HostBuffers, Servable
 from wok.service import short_details
 
@@ -57,6 +67,7 @@ from .analysis import latency_summary
 from .analysis import ms_text as _ms
 from .payloads import (
     DEFAULT_INT_HIGH,
+    POOL_CAP_BYTES,
     PayloadGenerator,
     TensorSpec,
     check_int_high,
@@ -82,6 +93,9 @@ COUNTED_BATCHES = 8
 # draw in 193, took 5,900 draws to hold 32 requests). FILL_CHUNK: the draws made at once.
 FILL_DRAWS = 1 << 16
 FILL_CHUNK = 256
+# How long a Ctrl-C's shutdown waits for a batch the model is still running (`warmed_executor`): the server's start
+# waits as long for its models after a cancelled warm-up (STARTCUT57, app.WokServer._shutdown_within).
+INTERRUPT_WAIT_S = 1.0
 # The executor's stages (wok.executor.StageTimes); on the CPU h2d is 0 and d2h is the split.
 STAGES = ("assemble", "h2d", "compute", "d2h")
 
@@ -436,19 +450,31 @@ def default_batch_sizes(max_batch_size: int) -> list[int]:
 
 
 def parse_batch_sizes(spec: str) -> list[int]:
-    """ "1,2,4,8" or a range "1:32:2", as `parse_steps` reads QPS steps; whole numbers only."""
+    """ "1,2,4,8" or a range "1:32:2", as `parse_steps` reads QPS steps; whole numbers only. The refusals that show
+    a form show batch sizes (`parse_steps`' examples are QPS: '50:800:2'), and a range of too many counts sizes."""
     from .arrivals import parse_steps
 
+    text = spec.strip(SPACES)
+    if not text:
+        raise ValueError(
+            f"--batch-sizes {quoted_name(spec)}: expected a list like '1,2,4,8' or a range start:stop:factor like "
+            "'1:32:2'"
+        )
+    if ":" in text and (parts := len(text.split(":"))) != 3:
+        raise ValueError(
+            f"--batch-sizes {quoted_name(spec)}: expected start:stop:factor (e.g. '1:32:2'); got {parts} parts"
+        )
     try:
         values = parse_steps(spec, noun="size")
     except ValueError as exc:
         # parse_steps speaks of QPS steps; the message that reaches the user names this option. Its subject is cut off
         # whole: cut at the first ": ", a spec holding one ('1: 2') left its tail in the message.
         detail = str(exc)
-        for subject in (f"QPS range {quoted_name(spec)}: ", f"QPS steps {quoted_name(spec)}: ", "QPS steps '': "):
+        for subject in (f"QPS range {quoted_name(spec)}: ", f"QPS steps {quoted_name(spec)}: "):
             if detail.startswith(subject):
                 detail = detail.removeprefix(subject)
                 break
+        detail = re.sub(r"^(\d+) steps; at most ", r"\1 sizes; at most ", detail)
         raise ValueError(f"--batch-sizes {quoted_name(spec)}: {detail}") from None
     if any(v != int(v) for v in values):
         raise ValueError(f"--batch-sizes: expected whole numbers; got {quoted_name(spec)}")
@@ -537,25 +563,40 @@ class KeyedPool:
     A batch of n takes a key in proportion to the pool's own draws (the first `len(keys)` requests, a sample
     of the payload distribution), then n consecutive requests of that key from a random place in its group.
     The requests past those were drawn only to give a key as many requests as the largest batch
-    (`keyed_pool`); a key that still has fewer than n is left out of the batches of n (`short`)."""
+    (`keyed_pool`); a key that still has fewer than n is left out of the batches of n (`short`).
+
+    A key's requests are `counts[key]`; `groups[key]` holds as many of them as the pool's cap let it keep
+    (`keyed_pool`: POOL_CAP_BYTES, one at least), and a batch takes the held ones in turn from its random place
+    (`batch`): the same requests where none was dropped, the held ones repeated where some were."""
 
     requests: list[dict[str, np.ndarray]]
     keys: list[Hashable]  # the key of each of the pool's own draws
-    groups: dict[Hashable, list[int]]  # key -> the indices of its requests in `requests`, in the order drawn
+    groups: dict[Hashable, list[int]]  # key -> the indices of its held requests in `requests`, in the order drawn
     extra_draws: int = 0  # requests drawn beyond the pool's own to fill keys, kept or not
+    counts: dict[Hashable, int] = field(default_factory=dict)  # key -> its requests, held or not; {}: `groups`'
+    held_bytes: int = 0  # the held requests' arrays (`request_bytes`)
     _allowed: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
     _key_of: dict[int, Hashable] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = {key: len(members) for key, members in self.groups.items()}
+
+    @property
+    def size(self) -> int:
+        """The pool's requests, held or not: its own draws and those kept from the extra draws."""
+        return sum(self.counts.values())
 
     def allowed(self, n: int) -> list[int]:
         """The pool's own draws whose key has n requests or more: a batch of n takes its key from one of them."""
         if n not in self._allowed:
-            self._allowed[n] = [i for i, key in enumerate(self.keys) if len(self.groups[key]) >= n]
+            self._allowed[n] = [i for i, key in enumerate(self.keys) if self.counts[key] >= n]
         return self._allowed[n]
 
     @property
     def most(self) -> int:
         """The most requests any key has: no batch is larger."""
-        return max(len(members) for members in self.groups.values())
+        return max(self.counts.values())
 
     def key_of(self, batch: Sequence[int]) -> Hashable:
         """The key of a batch (`batch`'s indices in `requests`, all of one key)."""
@@ -565,7 +606,7 @@ class KeyedPool:
 
     def short(self, n: int) -> tuple[int, float]:
         """How many keys of the pool have fewer than n requests, and the share of its own draws that are theirs."""
-        keys = sum(len(members) < n for members in self.groups.values())
+        keys = sum(count < n for count in self.counts.values())
         return keys, 1 - len(self.allowed(n)) / len(self.keys)
 
     def _allowed_or_raise(self, n: int) -> list[int]:
@@ -595,44 +636,94 @@ class KeyedPool:
         proportion to the pool's draws."""
         if len(self.groups) == 1:
             # No key to take: the one random start per batch that batches took before there were keys.
-            group = next(iter(self.groups.values()))
-        elif key is not None:
-            group = self.groups[key]
-        else:
+            key = next(iter(self.groups))
+        elif key is None:
             allowed = self._allowed_or_raise(n)
-            group = self.groups[self.keys[allowed[int(rng.integers(0, len(allowed)))]]]
-        start = int(rng.integers(0, len(group) - n + 1))
-        return group[start : start + n]
+            key = self.keys[allowed[int(rng.integers(0, len(allowed)))]]
+        group = self.groups[key]
+        start = int(rng.integers(0, self.counts[key] - n + 1))
+        if len(group) == self.counts[key]:
+            return group[start : start + n]
+        return [group[(start + j) % len(group)] for j in range(n)]
+
+
+def request_bytes(request: Mapping[str, np.ndarray]) -> int:
+    """The memory a request's arrays hold: their elements, and a BYTES input's strings (its array holds pointers)."""
+    total = 0
+    for a in request.values():
+        total += a.nbytes
+        if a.dtype == object:
+            total += sum(len(v) for v in a.flat)
+    return total
+
+
+class PoolUnmade(Exception):
+    """A request of the pool could not be made: `error` is numpy's (a MemoryError, or the ValueError of an array of
+    more elements than it can count), `count` the requests the pool draws (`profile` refuses the options for it)."""
+
+    def __init__(self, error: Exception, count: int) -> None:
+        super().__init__(message_of(error))
+        self.error, self.count = error, count
+
+
+def _draws(gen: PayloadGenerator, n: int, count: int) -> Iterator[dict[str, np.ndarray]]:
+    """`gen.pool(n)`'s requests (the same draws), made one at a time: a request the pool drops is then no longer
+    held while the next is made (`keyed_pool`). PoolUnmade where numpy cannot make one."""
+    for size in gen.sizes.sample(gen.rng, n):
+        try:
+            request = gen.make(gen.rng, int(size))
+        except (MemoryError, ValueError) as exc:  # numpy: no memory, or more elements than it counts
+            raise PoolUnmade(exc, count) from exc
+        yield request
 
 
 def keyed_pool(
-    servable: Servable, cfg: ProfileConfig, count: int, largest: int, most_draws: int | None = None
+    servable: Servable,
+    cfg: ProfileConfig,
+    count: int,
+    largest: int,
+    most_draws: int | None = None,
+    cap_bytes: int | None = None,
 ) -> KeyedPool:
     """`request_pool`'s `count` requests grouped by batching key; then, while a key of theirs has fewer than
     `largest` requests, more drawn from the same payload distribution (at most `most_draws`, by default
     FILL_DRAWS), keeping only those a key still needs: the other keys' are dropped, so that the pool's own
-    draws alone set how often each key is taken."""
+    draws alone set how often each key is taken.
+
+    The requests held are capped at `cap_bytes` (by default POOL_CAP_BYTES, the bench's cap of its own pool),
+    one of each key at least: a request past the cap is counted to its key (`KeyedPool.counts`) and not kept,
+    its key's batches taking its held requests in turn. Uncapped, max(256, 4·largest n) requests of a few MB
+    each were held whole: past the machine's memory, with overcommit, the pool's pages were the OOM killer's
+    to find, where one batch of them ran."""
     most_draws = FILL_DRAWS if most_draws is None else most_draws
+    cap_bytes = POOL_CAP_BYTES if cap_bytes is None else cap_bytes
     gen = _generator(servable, cfg)
-    requests = gen.pool(count)
-    keys = [servable.batch_key(r) for r in requests]
-    groups: dict[Hashable, list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
-    wanted = {key: largest - len(members) for key, members in groups.items() if len(members) < largest}
-    draws = 0
-    while wanted and draws < most_draws:
-        chunk = gen.pool(min(FILL_CHUNK, most_draws - draws))
-        draws += len(chunk)
-        for request in chunk:
+    pool = KeyedPool([], [], {}, counts={})
+
+    def take(request: dict[str, np.ndarray], key: Hashable) -> None:
+        pool.counts[key] = pool.counts.get(key, 0) + 1
+        nbytes = request_bytes(request)
+        if key not in pool.groups or pool.held_bytes + nbytes <= cap_bytes:
+            pool.groups.setdefault(key, []).append(len(pool.requests))
+            pool.requests.append(request)
+            pool.held_bytes += nbytes
+
+    for request in _draws(gen, count, count):
+        key = servable.batch_key(request)
+        pool.keys.append(key)
+        take(request, key)
+    wanted = {key: largest - k for key, k in pool.counts.items() if k < largest}
+    while wanted and pool.extra_draws < most_draws:
+        chunk = min(FILL_CHUNK, most_draws - pool.extra_draws)
+        pool.extra_draws += chunk
+        for request in _draws(gen, chunk, count):
             key = servable.batch_key(request)
             if key in wanted:
-                groups[key].append(len(requests))
-                requests.append(request)
+                take(request, key)
                 wanted[key] -= 1
                 if not wanted[key]:
                     del wanted[key]
-    return KeyedPool(requests, keys, groups, draws)
+    return pool
 
 
 Progress = Callable[[int], None]  # called with the number of batches just run
@@ -649,6 +740,10 @@ class BatchFailed(Exception):
         self.error, self.size, self.warmup, self.answered = error, size, warmup, answered
 
 
+# A Ctrl-C left the profile with the model still in a batch (`warmed_executor`); named for the tests and callers here.
+ModelStillRunning = InterruptedWorkLeft
+
+
 class BatchTimes(dict):
     """`time_batches`' per-size times, and `cpu_linear`: how the instance ran the model's linear layers."""
 
@@ -659,19 +754,48 @@ class BatchTimes(dict):
 
 
 @contextmanager
-def warmed_executor(servable: Servable, device: torch.device, cfg: ProfileConfig) -> Iterator[Executor]:
+def warmed_executor(
+    servable: Servable, device: torch.device, cfg: ProfileConfig, wait_s: float = INTERRUPT_WAIT_S
+) -> Iterator[Executor]:
     """The executor the profile times batches on (one instance on `device`), past the server's own start-up warm-up
     (Executor.warmup), which `wok serve` refuses a model for failing (WarmupError); shut down on leaving. Run before
     any request is drawn: dims no sample of which fits in memory are refused there in the server's words ("cannot
     make a sample of zeros"), where drawing the request pool failed first with numpy's MemoryError, a traceback. The
     batches are then timed on an instance as warm as a served one (its oneDNN kernels built), and a model the server
-    refuses is not profiled where the timed sizes would have passed."""
+    refuses is not profiled where the timed sizes would have passed.
+
+    Left by a Ctrl-C (a KeyboardInterrupt, or any BaseException but an Exception), the model may be in a batch still:
+    the shutdown waits for it at most `wait_s` (as the server's start does, STARTCUT57), and a model still in one
+    then is raised as ModelStillRunning: the process cannot end as usual, Python joining the model's thread at exit.
+    A model that raised has ended its batch: the shutdown waits for the threads' exit."""
     executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)), cpu_linear=cfg.cpu_linear)
     try:
         executor.warmup()
         yield executor
-    finally:
+    except Exception:
         executor.shutdown()
+        raise
+    except BaseException as exc:
+        if not _shut_down_within(executor, wait_s):
+            raise ModelStillRunning(
+                f"model '{servable.name}' was still running a batch {wait_s:g} s after it; not waited for"
+            ) from exc
+        raise
+    else:
+        executor.shutdown()
+
+
+def _shut_down_within(executor: Executor, wait_s: float) -> bool:
+    """`executor.shutdown()` (which waits for a running batch) on a daemon thread of its own, waited for at most
+    `wait_s`: whether it ended. A daemon, so that one left waiting on a stuck batch does not hold the exit itself."""
+    ended = threading.Event()
+
+    def shut() -> None:
+        executor.shutdown()
+        ended.set()
+
+    threading.Thread(target=shut, name="wok-profile-shutdown", daemon=True).start()
+    return ended.wait(wait_s)
 
 
 def time_batches(
@@ -798,16 +922,18 @@ def _served(servable: Servable, exc: Exception, where: str) -> str:
     return f"served, model '{servable.name}' answers such a request {code.name} {where}: {details}"
 
 
-def _pool_unmade(servable: Servable, cfg: ProfileConfig, count: int, exc: MemoryError) -> str:
-    """The refusal of a profile whose request pool (`count` requests, more drawn to fill a batching key) could not
-    be made: by the option that sized its variable dims, else by the model's dims, and the allocation that failed."""
+def _pool_unmade(servable: Servable, cfg: ProfileConfig, unmade: PoolUnmade) -> str:
+    """The refusal of a profile whose request pool could not be made: by the option that sized its variable dims,
+    else by the model's dims, and numpy's error (an allocation that failed; an array of more elements than numpy
+    counts, which a warm-up at a variable dim's least size passed, said bare until 2026-12-06, no option named)."""
     if any(t.variable for t in servable.config.inputs):
         what = f"--sizes {cfg.sizes}: expected requests of model '{servable.name}'"
     else:
         what = f"model '{servable.name}': expected inputs"
     return (
-        f"{what} of which the profile's {count} fit in memory (it draws them all before it times a batch); "
-        f"got {message_of(exc).rstrip('.')}"
+        f"{what} that fit in memory (the profile draws {unmade.count} and holds up to "
+        f"{POOL_CAP_BYTES >> 20} MiB of them, one of each batching key at least, before it times a batch); "
+        f"got {message_of(unmade.error).rstrip('.')}"
     )
 
 
@@ -894,9 +1020,9 @@ def profile(
             count = max(256, 4 * max(sizes))
             try:
                 pool = keyed_pool(servable, cfg, count, max(sizes))
-            except MemoryError as exc:
+            except PoolUnmade as unmade:
                 # The warm-up's sample fits where the pool may not: a variable dim is warmed at its least size.
-                raise ValueError(_pool_unmade(servable, cfg, count, exc)) from None
+                raise ValueError(_pool_unmade(servable, cfg, unmade)) from None
             high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
             capped = _type_capped(servable, high, by_input)
             refused = _check_as_served(servable, pool.requests)
@@ -994,6 +1120,12 @@ def profile(
     cfg_out["int_high_source"] = int_high_source(servable, cfg, by_input)
     cfg_out["int_high_capped"] = capped
     cfg_out["cpu_linear"] = times.cpu_linear
+    cfg_out["pool"] = {
+        "requests": pool.size,
+        "held": len(pool.requests),
+        "held_bytes": pool.held_bytes,
+        "cap_bytes": POOL_CAP_BYTES,
+    }
     return {
         "schema": SCHEMA,
         "model": {
@@ -1123,12 +1255,28 @@ def summary_lines(result: dict) -> list[str]:
             f"batching keys with fewer than n requests in {left_out[0][1]['draws']} draws, left out of the batches "
             f"of n (the server forms a batch of n of a key only when n of its requests wait at once): {each}"
         )
+    held = pool_line(result["config"])
+    if held is not None:
+        lines.append(held)
     drawn = int_high_line(result["config"])
     if drawn is not None:
         lines.append(drawn)
     if result["counting"]["uncounted_ops"]:
         lines.append("ops with no FLOPs counted: " + ", ".join(result["counting"]["uncounted_ops"]))
     return lines
+
+
+def pool_line(config: dict) -> str | None:
+    """What the pool held where its cap kept fewer requests than it drew (`keyed_pool`); None where it held them all,
+    or a document written before `config.pool`."""
+    pool = config.get("pool")
+    if pool is None or pool["held"] >= pool["requests"]:
+        return None
+    return (
+        f"request pool capped at {pool['cap_bytes'] / 2**20:g} MiB: {pool['held']} requests held "
+        f"({pool['held_bytes'] / 2**20:.3g} MiB) of its {pool['requests']}; a batch takes its key's held requests in "
+        "turn, so their values repeat"
+    )
 
 
 # The hint of a profile whose ids a ramp with no --int-high draws alike (`int_high_line`).

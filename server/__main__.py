@@ -42,7 +42,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from .cliargs import ArgumentParser, one_line
-from .errors import ConfigError, WarmupError, error_line, quoted_name
+from .errors import ConfigError, InterruptedWorkLeft, WarmupError, error_line, quoted_name
 from .numerals import digits_note, read_float, read_int
 
 # The demo models `wok serve` serves when --models is not given (server.models.DEMO_MODELS, without
@@ -943,6 +943,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # a bad option value, named by the parser that refused it
             print(f"wok {args.command}: {one_line(str(exc))}", file=sys.stderr)
             return 2
+        except InterruptedWorkLeft as exc:
+            # Python's exit joins the model's thread, which a stuck model never ends: out at once, as `wok serve`
+            # leaves a model still running after its stop. Nothing was written: the table and files come after.
+            print(f"wok {args.command}: interrupted; {exc}; exiting", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(130)
         except KeyboardInterrupt:  # Ctrl-C before anything was measured: nothing to report
             print(f"wok {args.command}: interrupted", file=sys.stderr)
             return 130

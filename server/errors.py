@@ -338,6 +338,13 @@ def escaped(text: str) -> str:
     return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
 
 
+class InterruptedWorkLeft(KeyboardInterrupt):
+    """A Ctrl-C that left a model's thread in a batch (`wok profile`'s warm-up): the thread cannot be stopped from
+    Python, and Python's exit would wait for it (a stuck model's, for good). A KeyboardInterrupt still, for a caller
+    that takes any as a Ctrl-C; the `wok` command says it and leaves at once, through os._exit, as `wok serve` leaves a
+    model still running after its stop."""
+
+
 class ConfigError(ValueError):
     """A model or server configuration is invalid; raised at load, never per request."""
 

@@ -404,20 +404,41 @@ def test_sizes_that_give_no_key_a_batch_are_refused():
 def test_the_extra_draws_counted_are_the_draws_made(monkeypatch):
     """`extra_draws` (the refusal's "draws more", `keys_left_out.draws`) counts every request drawn past the pool's
     own, kept or not: drawn FILL_CHUNK at a time, the chunk that fills the last key is drawn whole (its rest dropped),
-    and the last chunk is cut to `most_draws`. Counted against the generator's own calls."""
+    and the last chunk is cut to `most_draws`. Counted against the generator's own calls: its sizes drawn a chunk at
+    once, each request then made alone (so that one dropped is not held while the next is made)."""
     from wok.bench.payloads import PayloadGenerator
 
-    made = []
-    pool = PayloadGenerator.pool
-    monkeypatch.setattr(PayloadGenerator, "pool", lambda self, n, rng=None: made.append(n) or pool(self, n, rng))
+    made, chunks = [], []
+    make = PayloadGenerator.make
+    monkeypatch.setattr(
+        PayloadGenerator, "make", lambda self, rng=None, size=None: made.append(size) or make(self, rng, size)
+    )
+    generator = profiler._generator
+    monkeypatch.setattr(profiler, "_generator", lambda *a: _counting_sizes(generator(*a), chunks))
     filled = profiler.keyed_pool(PaddedLinear(), ProfileConfig(batch_sizes=[1, 4], sizes="uniform:1:40"), 256, 4)
-    assert made[0] == 256 and filled.extra_draws == sum(made[1:]) == profiler.FILL_CHUNK * len(made[1:]) > 0
+    assert chunks[0] == 256 and filled.extra_draws == sum(chunks[1:]) == profiler.FILL_CHUNK * len(chunks[1:]) > 0
+    assert len(made) == 256 + filled.extra_draws
     assert filled.short(4) == (0, 0.0) and len(filled.requests) - 256 < filled.extra_draws
     made.clear()
+    chunks.clear()
     cfg = ProfileConfig(batch_sizes=[1, 2], sizes="fixed:2")
     never = profiler.keyed_pool(KeyedByValue(), cfg, 256, 2, most_draws=300)
-    assert made == [256, profiler.FILL_CHUNK, 300 - profiler.FILL_CHUNK] and never.extra_draws == 300
+    assert chunks == [256, profiler.FILL_CHUNK, 300 - profiler.FILL_CHUNK] and never.extra_draws == 300
+    assert len(made) == 556
     assert len(never.requests) == 256  # no draw had a key of the pool's
+
+
+def _counting_sizes(gen, chunks: list):
+    """`gen` whose sizes' draws append how many each drew to `chunks`."""
+    sample = gen.sizes.sample
+
+    class Counted:
+        def sample(self, rng, n):
+            chunks.append(n)
+            return sample(rng, n)
+
+    gen.sizes = Counted()
+    return gen
 
 
 VARIABLE_DOUBLE = """
@@ -1023,7 +1044,7 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
         (["profile", "mlp", "--torch-threads", "0"], "--torch-threads: expected an integer >= 1; got 0"),
         # `wok bench ramp --int-high 0` says it in these words (one check): this said "--int-high must be >= 1".
         (["profile", "mlp", "--int-high", "0"], "--int-high: expected an integer >= 1; got 0"),
-        (["profile", "mlp", "--batch-sizes", ""], "--batch-sizes '': expected a list"),
+        (["profile", "mlp", "--batch-sizes", ""], "--batch-sizes '': expected a list like '1,2,4,8'"),
         (["profile", "recsys", "--sizes", "bogus"], "--sizes: sizes 'bogus': unknown distribution"),
     ],
 )
@@ -1050,11 +1071,15 @@ def test_profile_config_refuses_batch_sizes_in_the_options_words(sizes, message)
     ("spec", "message"),
     [
         # Cut at its first ": ", parse_steps' message kept the spec's tail: "--batch-sizes '1: 2': 2': expected ...".
-        ("1: 2", "--batch-sizes '1: 2': expected start:stop:factor (e.g. '50:800:2'); got 2 parts"),
+        # The forms shown are batch sizes': parse_steps' are QPS ('50:800:2', '50,100,200'), until 2026-12-06.
+        ("1: 2", "--batch-sizes '1: 2': expected start:stop:factor (e.g. '1:32:2'); got 2 parts"),
         ("1:x: 2", "--batch-sizes '1:x: 2': stop 'x' is not a number"),
-        ("1, 2: 4", "--batch-sizes '1, 2: 4': expected start:stop:factor (e.g. '50:800:2'); got 2 parts"),
+        ("1, 2: 4", "--batch-sizes '1, 2: 4': expected start:stop:factor (e.g. '1:32:2'); got 2 parts"),
+        ("1:2:4:8", "--batch-sizes '1:2:4:8': expected start:stop:factor (e.g. '1:32:2'); got 4 parts"),
         ("1,x", "--batch-sizes '1,x': 'x' is not a number"),
-        (" ", "--batch-sizes ' ': expected a list like '50,100,200' or a range start:stop:factor like '50:800:2'"),
+        (" ", "--batch-sizes ' ': expected a list like '1,2,4,8' or a range start:stop:factor like '1:32:2'"),
+        # parse_steps counts QPS steps: "13823 steps; at most 1000".
+        ("1:1000000:1.001", "--batch-sizes '1:1000000:1.001': 13823 sizes; at most 1000"),
     ],
 )
 def test_batch_sizes_refused_by_the_step_parser_name_the_option_once(spec, message):
@@ -1950,7 +1975,7 @@ def test_a_model_wok_serve_refuses_at_its_start_is_refused_in_the_servers_words(
     fast = ["--batch-sizes", sizes, "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
     assert main(["profile", "cold", "--model-repository", str(folder.parent), *fast]) == 2
     err = capsys.readouterr().err
-    assert err.endswith(f"\nwok profile: wok serve refuses the model at its start: {served}\n"), err
+    assert err == f"wok profile: wok serve refuses the model at its start: {served}\n"
 
 
 IDENTITY_MODEL = """
@@ -1973,7 +1998,7 @@ def test_dims_no_sample_of_which_fits_in_memory_are_refused_in_the_servers_words
     fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
     assert main(["profile", "huge", "--model-repository", str(folder.parent), *fast]) == 2
     err = capsys.readouterr().err
-    assert err.endswith(f"\nwok profile: wok serve refuses the model at its start: {served}\n"), err
+    assert err == f"wok profile: wok serve refuses the model at its start: {served}\n"
 
 
 def test_requests_too_big_for_memory_are_refused_not_a_traceback(tmp_path, capsys):
@@ -1988,10 +2013,28 @@ def test_requests_too_big_for_memory_are_refused_not_a_traceback(tmp_path, capsy
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     said = (
-        "wok profile: --sizes fixed:100000000000000000: expected requests of model 'wide' of which the profile's 256 "
-        "fit in memory (it draws them all before it times a batch); got Unable to allocate "
+        "wok profile: --sizes fixed:100000000000000000: expected requests of model 'wide' that fit in memory (the "
+        "profile draws 256 and holds up to 64 MiB of them, one of each batching key at least, before it times a "
+        "batch); got Unable to allocate "
     )
-    assert err.strip().splitlines()[-1].startswith(said), err
+    assert err.startswith(said) and err.count("\n") == 1, err
+
+
+def test_requests_of_more_elements_than_numpy_counts_are_refused_naming_the_option(tmp_path, capsys):
+    """2^62 FP32 values a request: the warm-up's sample (the variable dim at 1) fits, and numpy refuses the request's
+    array before any allocation, its 2^64 bytes past what it counts (a ValueError, not a MemoryError). Its bare words
+    were the profile's refusal ("wok profile: array is too big; ..."), no option named; refused now as a pool that
+    does not fit in memory is (REV57D), naming --sizes and its value."""
+    folder = write_python_model(tmp_path / "repo" / "wide", IDENTITY_MODEL, 4, dims="-1")
+    fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    argv = ["profile", "wide", "--model-repository", str(folder.parent), "--sizes", f"fixed:{2**62}"]
+    assert main([*argv, *fast]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"wok profile: --sizes fixed:{2**62}: expected requests of model 'wide' that fit in memory (the profile draws "
+        "256 and holds up to 64 MiB of them, one of each batching key at least, before it times a batch); got array "
+        "is too big; `arr.size * arr.dtype.itemsize` is larger than the maximum possible size\n"
+    )
 
 
 LOUD_MODEL = """
