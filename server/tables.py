@@ -21,18 +21,20 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
   rows past b's 150 from 75 on. `rows` stands there: every id still reaches its table, which fails past it.
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
-model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why. Nor is one whose ids
-are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, `ids.data = ids + 1`,
-through a view, a list's item or an op that may return them: `l = [ids]; l[0].sub_(1)`, `ids.cpu().sub_(1)`): neither
-`rows` nor `bounds`, as the graphs of TorchScript, torch.fx and torch.export go on reading the changed value as the
-ids the request sent (`_Walk.in_place`, `_Walk.share`); what any op writes with `out=` is not followed. Ids written
-into another tensor by such an op (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)`) reach a table through it, not
-followed, where `buf` or what shares its memory does.
+model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why. Nor is one whose ids are
+changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, `ids.data = ids + 1`,
+`nn.ReLU(inplace=True)(ids)`, through a view, a list's item or an op or module that may return them: `l = [ids];
+l[0].sub_(1)`, `ids.cpu().sub_(1)`, `nn.Identity()(ids).sub_(1)`): neither `rows` nor `bounds`, as the graphs of
+TorchScript, torch.fx and torch.export go on reading the changed value as the ids the request sent (`_Walk.in_place`,
+`_Walk.share`); what any op writes with `out=` is not followed (a lookup given one is still a lookup). Ids written into
+another tensor by such an op (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)`) reach a table through it, not followed,
+where `buf` or what shares its memory does.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import operator
 import threading
@@ -150,6 +152,10 @@ _MASK_CLOSED = frozenset(
 )  # fmt: skip
 # In-place ops that change no value (autograd's flags; a new shape in place is one of _KEEPS): ids stay the ids.
 _KEEPS_IN_PLACE = frozenset({"requires_grad", "retain_grad", "share_memory", "record_stream"})
+# Attributes of a tensor that an assignment sets with no value changed: autograd's.
+_KEEPS_ASSIGNED = frozenset(
+    {"requires_grad", "grad", "_grad", "grad_dtype", "volatile", "_backward_hooks", "_post_accumulate_grad_hooks"}
+)
 # Python's in-place operators as torch.fx records them (`ids += 1` changes `ids` and any view of it).
 _PY_IN_PLACE = frozenset(
     {"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior", "ixor", "ilshift", "irshift"}
@@ -549,11 +555,22 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             continue
         op = _schema_name(node.target) or getattr(node.target, "__name__", str(node.target))
         ins = [a for a in node.all_input_nodes]
-        if op in EMBEDDING_SCHEMAS and len(node.args) > 1:
+        looks_up = op == _INDEX_SELECT and len(node.args) == 3 and node.args[1] == 0 and table(node.args[0]) is not None
+        if isinstance(node.kwargs.get("out"), torch.fx.Node):
+            # As in the other walks (`_Script.nodes`): its result is the tensor given, which torch.export keeps
+            # (`index_select(remap, 0, pos, out=ids.view(-1))` changes the ids a table then reads), not followed
+            # as ids; what it writes read from its schema. A lookup is one all the same, of the ids as they come.
+            index = node.args[2] if looks_up else None
+            if looks_up:
+                walk.lookup(index, _rows_of(table(node.args[0]), embedding=False), f"{op} of a parameter")
+            ins = [a for a in ins if a is not index]
+            walk.derive([node], ins, op)
+            _program_writes(walk, node, op, ins)
+        elif op in EMBEDDING_SCHEMAS and len(node.args) > 1:
             partial = "" if _schema_arg(node, "include_last_offset") in (None, False) else _LAST_OFFSET
             walk.lookup(node.args[1], _looked_up_rows(node), op, partial=partial)
             walk.derive([node], [a for a in ins if a is not node.args[1]], op, reads=False)
-        elif op == _INDEX_SELECT and len(node.args) == 3 and node.args[1] == 0 and table(node.args[0]) is not None:
+        elif looks_up:
             walk.lookup(node.args[2], _rows_of(table(node.args[0]), embedding=False), f"{op} of a parameter")
             walk.derive([node], [a for a in ins if a is not node.args[2]], op, reads=False)
         elif op == _INDEX and len(node.args) == 2 and table(node.args[0]) is not None and _one_index(node.args[1]):
@@ -736,7 +753,12 @@ class _Script:
             outs = list(node.outputs())
             if _writes_out(node):
                 # Its result is the tensor given (`torch.index_select(x, 0, pos, out=ids)` changes the ids): not
-                # followed as ids nor as a lookup, and what it writes read from its schema.
+                # followed as ids, and what it writes read from its schema. A lookup is one all the same: of the ids
+                # as they come, a table's rows written into `out`.
+                if self.table_index(node, kind, ins):
+                    rows = _rows_of(self.object(ins[0]), embedding=False)
+                    walk.lookup(ins[2], rows, f"{kind} of a parameter", conditional)
+                    ins = [v for v in ins if v is not ins[2]]
                 self.unfollowed(node, kind, ins, outs)
             elif kind == "prim::If":
                 self.branch(node, ins, outs, conditional)
@@ -750,7 +772,7 @@ class _Script:
                 partial = "" if self.last_offset(node) is False else _LAST_OFFSET
                 walk.lookup(ins[1], _rows_of(self.object(ins[0])), kind, conditional, partial=partial)
                 walk.derive(outs, ins[2:], kind, reads=False)
-            elif kind == _INDEX_SELECT and self.constant(ins[1]) == 0 and isinstance(self.object(ins[0]), torch.Tensor):
+            elif self.table_index(node, kind, ins):
                 rows = _rows_of(self.object(ins[0]), embedding=False)
                 walk.lookup(ins[2], rows, f"{kind} of a parameter", conditional)
                 walk.derive(outs, ins[:2], kind, reads=False)
@@ -785,6 +807,10 @@ class _Script:
                 walk.keep(outs[0], ins[0], want, kind, read=read)
             else:
                 self.unfollowed(node, kind, ins, outs)
+
+    def table_index(self, node, kind: str, ins: list) -> bool:
+        """Whether a node is `index_select(table, 0, ids)` of a parameter or buffer."""
+        return kind == _INDEX_SELECT and self.constant(ins[1]) == 0 and isinstance(self.object(ins[0]), torch.Tensor)
 
     def unfollowed(self, node, kind: str, ins: list, outs: list) -> None:
         """An op whose result is not followed as ids: derived from its inputs, with what it writes."""
@@ -997,8 +1023,17 @@ def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: li
         walk.lookup(index, rows[0], f"the {type(sub).__name__} module", partial=partial)
         walk.derive([node], [a for a in ins if a is not index], type(sub).__name__, reads=False)
     else:
-        # A leaf of torch.nn whose code is not read (a quantized embedding's): it may look its inputs up.
-        walk.derive([node], ins, type(sub).__name__, reads=True)
+        # A leaf of torch.nn whose code is not read (a quantized embedding's): it may look its inputs up. Its result
+        # may be its input itself or a view of it (nn.Identity, nn.Dropout in eval, nn.Flatten); with inplace=True
+        # (an activation's; torch.nn's leaves write their input no other way) it changes its input, but a dropout
+        # in eval, as served (`_traced_copy`), which leaves it as it is.
+        shown = type(sub).__name__
+        walk.derive([node], ins, shown, reads=True)
+        idle = isinstance(sub, torch.nn.modules.dropout._DropoutNd) and not sub.training
+        if getattr(sub, "inplace", False) and not idle:
+            for arg in ins:
+                walk.in_place(arg, f"the {shown} module (inplace=True)", ins)
+        walk.share(node, ins)
 
 
 def _fx_op(node) -> str | None:
@@ -1030,8 +1065,11 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
     if "out" in node.kwargs:
         # Its result is the tensor given, which may be one the trace does not follow the changes of (a constant
         # forward made: `buf.add_(60)` of constants alone is done as it traces, not in its graph), so nothing it
-        # writes is taken as ids, a `% n` or a lookup (`torch.index_select(x, 0, pos, out=ids)` changes the ids).
-        _fx_unfollowed(walk, node, name, shown, ins)
+        # writes is taken as ids or a `% n` (`torch.index_select(x, 0, pos, out=ids)` changes the ids).
+        table, index = _fx_table_index(traced, node, name)
+        if table is not None:  # a lookup all the same: of the ids as they come, a table's rows written into `out`
+            walk.lookup(index, _rows_of(table, embedding=False), "index_select of a parameter")
+        _fx_unfollowed(walk, node, name, shown, [a for a in ins if a is not index])
     elif target is torch.nn.functional.embedding or target is torch.nn.functional.embedding_bag:
         index = _fx_arg(node, 0, "input")
         table = _fx_arg(node, 1, "weight")
@@ -1042,12 +1080,8 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             partial = "" if last is False else _LAST_OFFSET
         walk.lookup(index, _rows_of(_fx_tensor(traced, table)), f"F.{shown}", partial=partial)
         walk.derive([node], [a for a in ins if a is not index], shown, reads=False)
-    elif (
-        name == "index_select"
-        and _fx_arg(node, 1, "dim") == 0
-        and (table := _fx_tensor(traced, _fx_arg(node, 0, "input"))) is not None
-    ):
-        index = _fx_arg(node, 2, "index")
+    elif (looked := _fx_table_index(traced, node, name))[0] is not None:
+        table, index = looked
         walk.lookup(index, _rows_of(table, embedding=False), "index_select of a parameter")
         walk.derive([node], [a for a in ins if a is not index], name, reads=False)
     elif (
@@ -1082,6 +1116,15 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         return  # `ids.shape`: none of its ids
     else:
         _fx_unfollowed(walk, node, name, shown, ins)
+
+
+def _fx_table_index(traced: torch.fx.GraphModule, node, name: str | None) -> tuple:
+    """The table and the index of `index_select(table, 0, ids)` of a parameter or buffer; (None, None) for any other
+    call."""
+    if name != "index_select" or _fx_arg(node, 1, "dim") != 0:
+        return None, None
+    table = _fx_tensor(traced, _fx_arg(node, 0, "input"))
+    return (None, None) if table is None else (table, _fx_arg(node, 2, "index"))
 
 
 def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -> None:
@@ -1154,17 +1197,27 @@ class _NotTraced(Exception):
     """A python module torch.fx cannot trace; its message, what could not be done."""
 
 
+def _assigns_values(name: str) -> bool:
+    """Whether assigning a tensor's attribute `name` may change its values: one torch.Tensor itself sets (`data`,
+    `real`, `imag`, or one of a later torch), not autograd's (`requires_grad`, `grad`), python's (`__dict__`, which
+    `copy.copy` sets) nor the model's own (`ids.tag = Tag()`), which holds no value of it."""
+    if name.startswith("__") or name in _KEEPS_ASSIGNED:
+        return False
+    return hasattr(type(inspect.getattr_static(torch.Tensor, name, None)), "__set__")
+
+
 class _Assigned:
-    """A proxy of torch.fx's trace that records an assignment to an attribute (`ids.data = ids + 60`,
-    `ids.real = ...`) as a node of its graph, `setattr(ids, 'data', value)`: torch.fx records none, and the graph
-    went on reading `ids` as the ids the request sent, though forward looks up the values assigned
-    (`_fx_call`). The assignment is made as well, as torch.fx makes it: a read of the attribute after gets the
-    value assigned."""
+    """A proxy of torch.fx's trace that records an assignment to an attribute that may change a tensor's values
+    (`ids.data = ids + 60`, `ids.real = ...`: `_assigns_values`) as a node of its graph, `setattr(ids, 'data',
+    value)`: torch.fx records none, and the graph went on reading `ids` as the ids the request sent, though forward
+    looks up the values assigned (`_fx_call`). Any other assignment is not recorded: the value of one of the model's
+    own may be no argument a graph can hold (its trace failed), and a recorded one was taken for a change. The
+    assignment is made as well, as torch.fx makes it: a read of the attribute after gets the value assigned."""
 
     _OWN = frozenset({"tracer", "node", "_node", "root", "attr"})  # Proxy's and Attribute's own
 
     def __setattr__(self, name: str, value) -> None:
-        if name not in self._OWN:
+        if name not in self._OWN and _assigns_values(name):
             self.tracer.create_proxy("call_function", setattr, (self, name, value), {})
         object.__setattr__(self, name, value)
 

@@ -6,6 +6,8 @@ did follow: `a(ids) + b(ids * 2)` was published 100, a's rows, and the ramp's id
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.fx
@@ -981,3 +983,145 @@ def test_ids_written_by_an_op_followed_given_out_are_not_checked():
         if kind != "exported":  # whose lookup reads the op's result: "through aten::index_select"
             op = "index_select" if kind == "python" else "aten::index_select"
             assert found.unclear == {"ids": f"{op} with out= changes its ids in place, which wok does not follow"}
+
+
+class Tag:
+    """An object of the model's own, which a trace cannot write into its graph as an argument."""
+
+
+class Tagged(Unknown):
+    """Attributes of the model's own set on the ids (and a shallow copy of them) change no id."""
+
+    def forward(self, ids):
+        ids.source = "request"
+        ids.tag = Tag()
+        return self.a(copy.copy(ids))
+
+
+def test_an_attribute_set_on_the_ids_that_changes_no_id_keeps_the_bound():
+    """98b143c recorded every attribute set on a proxy: `.source = "request"` left the ids not checked (an
+    assignment taken for a change), `.tag = Tag()` and `copy.copy(ids)` (which sets the copy's `__dict__`) failed the
+    trace (NotImplementedError, RecursionError), so the module's inputs were not checked at all."""
+    module = Tagged().eval()
+    assert module(torch.full((1, 3), 99)).shape == (1, 3, 4)
+    with pytest.raises(IndexError, match="index out of range"):
+        module(torch.full((1, 3), 100))
+    found = id_ranges(module, ["ids"], {"ids": torch.int64})
+    assert (found.bounds, found.rows, found.unclear) == ({"ids": 100}, {"ids": 100}, {})
+
+
+class SelectedFromATableInto(nn.Module):
+    """`torch.index_select(table, 0, ids, out=rows)`: a lookup of the ids as sent, its rows written into a tensor
+    given, which a, the ids' other table, does not read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.table = nn.Parameter(torch.randn(80, 4))
+
+    def forward(self, ids):
+        rows = torch.empty(0, 4)
+        torch.index_select(self.table, 0, ids.flatten(), out=rows)
+        return self.a(ids).sum() + rows.sum()
+
+
+def test_a_lookup_given_out_keeps_the_bound():
+    """98b143c took no op given out= for a lookup: the python and scripted forms were left with no bound and not
+    checked, though an id from 80 on fails the model and every one below is served."""
+    module = SelectedFromATableInto().eval()
+    with torch.inference_mode():  # as the server runs it: out= refuses a table that requires grad
+        module(torch.full((1, 3), 79))
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), 80))
+        forms = _forms(module, (torch.zeros(2, 3, dtype=torch.long),))
+    for kind, model in forms.items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows, found.unclear) == ({"ids": 80}, {"ids": 80}, {}), kind
+
+
+class ModuleApplied(Unknown):
+    """A leaf module of torch.nn (kept whole by torch.fx's trace) applied to the ids."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.applied = module
+
+    def forward(self, ids):
+        self.applied(ids)
+        return self.a(ids)
+
+
+class ModuleResultChanged(ModuleApplied):
+    """What the leaf returns is the ids themselves or a view of them (nn.Identity, nn.Dropout in eval, nn.Flatten),
+    changed in place."""
+
+    def forward(self, ids):
+        self.applied(ids).sub_(60)
+        return self.a(ids)
+
+
+def test_ids_changed_by_a_leaf_module_or_through_its_result_are_not_checked():
+    """The python form was checked in [0, 100) per request (no bound published: "its ids reach Threshold"): the
+    trace keeps a leaf module of torch.nn as one call_module node, and neither its inplace=True nor its result being
+    the ids was read. Threshold(50, 150) makes id 10 into 150, past a's rows; ReLU serves id -5 (made 0); each
+    result changed in place fails at 10 and serves 150. TorchScript and torch.export see the ops inside."""
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    threshold = ModuleApplied(nn.Threshold(50, 150, inplace=True)).eval()
+    with pytest.raises(IndexError, match="index out of range"):
+        threshold(torch.full((1, 3), 10))
+    relu = ModuleApplied(nn.ReLU(inplace=True)).eval()
+    assert relu(torch.full((1, 3), -5)).shape == (1, 3, 4)
+    for module, op in ((threshold, "Threshold"), (relu, "ReLU")):
+        found = id_ranges(module, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows, found.least) == ({}, {}, {}), op
+        why = f"the {op} module (inplace=True) changes its ids in place, which wok does not follow"
+        assert found.unclear == {"ids": why}, op
+    for kind, model in _forms(relu, example).items():
+        assert id_ranges(model, ["ids"], {"ids": torch.int64}).rows == {}, kind
+    for leaf in (nn.Identity(), nn.Dropout(), nn.Flatten(0)):
+        module = ModuleResultChanged(leaf).eval()
+        assert module(torch.full((1, 3), 150)).shape == (1, 3, 4), leaf
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), 10))
+        for kind, model in _forms(module, example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows, found.least) == ({}, {}, {}), (leaf, kind)
+            if kind == "python":
+                assert found.unclear == {"ids": "sub_ changes its ids in place, which wok does not follow"}, leaf
+    # A leaf that changes nothing keeps the server's check: every id still reaches a as sent. A dropout in place
+    # changes nothing in eval, as served.
+    for leaf in (nn.Dropout(), nn.Dropout(inplace=True)):
+        kept = ModuleApplied(leaf).eval()
+        for refused in (-1, 100):
+            with pytest.raises(IndexError, match="index out of range"):
+                kept(torch.full((1, 3), refused))
+        assert id_ranges(kept, ["ids"], {"ids": torch.int64}).rows == {"ids": 100}, leaf
+
+
+class RemappedInto(nn.Module):
+    """`index_select(remap, 0, pos, out=ids.view(-1))` writes remap's values (the ids plus 60) into the ids, which a
+    then looks up: id 40 fails a, though it is below remap's 80 rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.register_buffer("remap", torch.arange(80) + 60)
+
+    def forward(self, ids):
+        flat = ids.view(-1)
+        torch.index_select(self.remap, 0, flat.clone(), out=flat)
+        return self.a(ids)
+
+
+def test_ids_written_by_a_lookup_given_out_are_not_checked():
+    """The exported program keeps `index_select.out` with its `out=`, which the walk of a lookup did not read: it
+    was published bound 80 (python and TorchScript were not checked since 98b143c)."""
+    module = RemappedInto().eval()
+    assert module(torch.full((2, 3), 39)).shape == (2, 3, 4)
+    with pytest.raises(IndexError, match="index out of range"):
+        module(torch.full((2, 3), 40))
+    for kind, model in _forms(module, (torch.zeros(2, 3, dtype=torch.long),)).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows, found.least) == ({}, {}, {}), kind
+        op = "index_select" if kind == "python" else "aten::index_select"
+        assert found.unclear == {"ids": f"{op} with out= changes its ids in place, which wok does not follow"}, kind
