@@ -535,7 +535,8 @@ class WorkerProcesses:
     imports (a few tenths of a second per ramp), which a process running many ramps (compare, tune_check,
     the tests) paid for every one. Started and stopped by its owner (`start`/`stop`, or `with`); a
     WorkerPool given it takes its workers from it for one ramp. A worker that died or was terminated
-    (a step cut short) is replaced at the next ramp; `stop` leaves none running."""
+    (a step cut short) is replaced at the next ramp; `stop` leaves none running. Each is closed (`Process.close`) as it
+    is let go of, replaced or stopped."""
 
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")  # gRPC does not survive fork
@@ -593,6 +594,7 @@ class WorkerProcesses:
             finally:
                 for c in new_conns:
                     c.close()
+                _close_ended(new_procs)
             raise
         self._conns += new_conns
         self._procs += new_procs
@@ -636,6 +638,7 @@ class WorkerProcesses:
                 c.close()
                 self._conns.remove(c)
                 self._procs.remove(p)
+                _close_ended([p])
 
     def give_back(self) -> None:
         self._lent = False
@@ -666,6 +669,7 @@ class WorkerProcesses:
             # Also when `_end` raises (a Ctrl-C in its wait): taken off self above, they were left open until collected.
             for c in conns:
                 c.close()
+            _close_ended(procs)
 
 
 def _end(procs: list, terminate: bool = False) -> None:
@@ -698,7 +702,10 @@ def _end(procs: list, terminate: bool = False) -> None:
                     p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
             except BaseException as exc:  # a second Ctrl-C: the workers after this one are killed and reaped too
                 interrupted = interrupted or exc
-        _reap(procs, interrupted)
+        try:
+            _reap(procs, interrupted)
+        finally:
+            interrupted = None  # this frame is on the traceback of what `_reap` raises: held here, a cycle (`_reap`)
 
 
 def _reap(procs: list, interrupted: BaseException | None = None) -> None:
@@ -713,7 +720,21 @@ def _reap(procs: list, interrupted: BaseException | None = None) -> None:
             except BaseException as exc:
                 interrupted = interrupted or exc
     if interrupted is not None:
-        raise interrupted
+        try:
+            raise interrupted
+        finally:
+            # The exception's traceback holds this frame, which held the exception: a cycle, which kept the frames
+            # of every caller, their workers' Process objects (and fds) with them, until the next garbage collection.
+            interrupted = None
+
+
+def _close_ended(procs: list) -> None:
+    """Release what each of `procs` that has ended still holds (`Process.close`: its spawn pipe's two fds, else open
+    until the object is collected), as its owner lets go of it. One still running (a wait cut short by Ctrl-Cs, past
+    `_reap`'s bound) is left as it is: close() refuses it."""
+    for p in procs:
+        if p.pid is None or p.exitcode is not None:  # never started, or ended and reaped (exitcode reaps it)
+            p.close()
 
 
 class WorkerPool:

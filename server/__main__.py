@@ -29,18 +29,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# gRPC core logs every failed TLS handshake, a line per connection (at INFO; a TLS name the
-# certificate does not list at ERROR, with that name as the client sent it, line breaks and all):
-# whoever reaches the port could fill the log, or forge lines in it. wok logs what concerns it
-# itself, with its own rate limits (docs/security.md); an operator's own setting wins. Read when
-# grpc is imported, which .errors does: so here, before it.
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-# `wok demo` starts its server, and `wok bench ramp --replicas` its replicas, with a preexec_fn
-# (server/children.py), so by fork, not vfork: gRPC core's fork handlers then restart its poller in
-# the child, which died before its exec about once in 100 forks (SIGABRT, "epoll_wait error: Bad
-# file descriptor": grpc/grpc#43055). wok runs no gRPC in a forked child; read at import, as above.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-
+# gRPC's environment (GRPC_VERBOSITY, GRPC_ENABLE_FORK_SUPPORT) is the command's to set, in wok.entry before
+# grpc loads, not this module's import: importing it as a library would keep them for the whole process.
 from .cliargs import ArgumentParser, one_line
 from .errors import ConfigError, InterruptedWorkLeft, WarmupError, error_line, quoted_name
 from .numerals import digits_note, read_float, read_int

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-# As `wok` sets it (server/__main__.py), before any test imports grpc: the demo and replica tests
+# As `wok` sets it (wok.entry.GRPC_DEFAULTS), before any test imports grpc: the demo and replica tests
 # fork children with a preexec_fn, and gRPC's fork handlers killed about 1 in 100 of them.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
@@ -206,7 +206,7 @@ def start_server_process(*args: str, timeout: float = 120.0, sighup_ignored: boo
     cmd = [sys.executable, "-m", "wok", "serve", "--port", "0", "--metrics-port", "0", *args]
     if sighup_ignored:
         cmd = [sys.executable, "-c", NOHUP_EXEC, *cmd[1:]]
-    # The server's own gRPC log level, not one this process took by importing wok.__main__.
+    # The server's own gRPC log level (the `wok` command's default), not one of this test run's environment.
     env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"} | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     log: list[str] = []

@@ -15,7 +15,7 @@ def _saying(stage: str, word: str, seen: list):
     real = workers._from_worker
 
     def from_worker(conn, process, at: str) -> object:
-        seen.append(process)
+        seen.append((process.pid, process))  # its pid as it is read: unreadable once closed
         said = real(conn, process, at) if at == "start" else None
         return word if at == stage else said
 
@@ -23,9 +23,14 @@ def _saying(stage: str, word: str, seen: list):
 
 
 def _ended(procs: list) -> list:
+    ended = []
     for p in procs:
-        p.join(10)
-    return [p.exitcode is not None for p in procs]
+        try:
+            p.join(10)
+            ended.append(p.exitcode is not None)
+        except ValueError:  # closed as its owner let go of it, which closes only an ended one
+            ended.append(True)
+    return ended
 
 
 def test_a_worker_that_starts_with_another_word_is_refused_naming_both_words(monkeypatch):
@@ -35,9 +40,9 @@ def test_a_worker_that_starts_with_another_word_is_refused_naming_both_words(mon
     try:
         with pytest.raises(RuntimeError) as info:
             processes.take(1)
-        pid = seen[0].pid
+        pid = seen[0][0]
         assert str(info.value) == f"bench worker {pid}'s first word: expected 'started'; got 'hello'"
-        assert _ended(seen) == [True]
+        assert _ended([p for _, p in seen]) == [True]
     finally:
         processes.stop()
 
@@ -47,6 +52,6 @@ def test_a_worker_that_connects_with_another_word_is_refused_naming_both_words(m
     monkeypatch.setattr(workers, "_from_worker", _saying("connect", "hello", seen))
     with pytest.raises(RuntimeError) as info:
         WorkerPool("127.0.0.1:1", [b""], 1)
-    pid = seen[-1].pid  # the process whose connect was read
+    pid = seen[-1][0]  # the process whose connect was read
     assert str(info.value) == f"bench worker {pid}'s word as it connected: expected 'ready'; got 'hello'"
-    assert all(_ended(seen))
+    assert all(_ended([p for _, p in seen]))

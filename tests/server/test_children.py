@@ -61,7 +61,9 @@ def test_the_default_is_sigterm_and_a_plain_child_runs_on():
 
 
 FORKS = """
-import wok.__main__  # what the `wok` command runs first
+from wok.entry import set_grpc_defaults
+
+set_grpc_defaults()  # what the `wok` command runs first, before grpc loads
 
 import asyncio
 import subprocess
