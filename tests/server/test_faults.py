@@ -25,12 +25,12 @@ INSTANCES = {"mlp": 2, "recsys": 1}
     [
         ([1, 2], "(body)", "[1, 2]"),
         ({"model": "nope", "mode": "off"}, "model", "'nope'"),
-        ({"mode": "off"}, "model", "None"),
+        ({"mode": "off"}, "model", "null"),
         ({"model": "mlp", "mode": "off", "instance": 2}, "instance", "2"),
         ({"model": "mlp", "mode": "off", "instance": True}, "instance", "True"),
         ({"model": "mlp", "mode": "off", "instance": "0"}, "instance", "'0'"),
         ({"model": "mlp", "mode": "crash"}, "mode", "'crash'"),
-        ({"model": "mlp", "mode": "slow"}, "delay_ms", "None"),
+        ({"model": "mlp", "mode": "slow"}, "delay_ms", "null"),
         ({"model": "mlp", "mode": "slow", "delay_ms": -1}, "delay_ms", "-1"),
         ({"model": "mlp", "mode": "slow", "delay_ms": "50"}, "delay_ms", "'50'"),
         ({"model": "mlp", "mode": "slow", "delay_ms": float("nan")}, "delay_ms", "nan"),
@@ -55,7 +55,7 @@ def test_a_bad_request_names_the_field_and_what_came(body, field, got):
     assert msg.startswith(f"field '{field}': expected ") and msg.endswith(f"; got {got}"), msg
 
 
-@pytest.mark.parametrize(("delay_ms", "got"), [(None, "None"), (-1, "-1"), (60_001, "60001"), ("50", "'50'")])
+@pytest.mark.parametrize(("delay_ms", "got"), [(None, "null"), (-1, "-1"), (60_001, "60001"), ("50", "'50'")])
 def test_a_slow_fault_s_bad_delay_is_told_alike_missing_or_out_of_range(delay_ms, got):
     """Every bad delay_ms says the range is mode 'slow''s: the missing field's said so, an out-of-range one's not."""
     body = {"model": "mlp", "mode": "slow"} | ({} if delay_ms is None else {"delay_ms": delay_ms})
