@@ -71,7 +71,7 @@ from .errors import (
 )
 from .executor import BatchResult, Executor
 from .metrics import ModelMetrics
-from .policy import SloPolicy, read_profile_fit
+from .policy import MAX_TRACKED_KEYS, SloPolicy, read_profile_fit
 from .ratelog import Throttle
 from .stats import ModelStats
 from .timers import PreciseTimer
@@ -91,6 +91,33 @@ PREWARM_MAX_FRACTION = 0.25
 QUEUED, RUNNING, DONE, WITHDRAWN = range(4)
 
 
+class _Key:
+    """A batch key as the batcher's task holds it: one object for each set of equal keys, hashed and compared by
+    identity. The model's own key (`Servable.batch_key`) is the model's code: its __hash__ and __eq__ may raise, or
+    change their answer. They run as `submit` queues a request (`Batcher._intern`), on the request's path, where what
+    they raise fails that request alone (the service answers it INTERNAL); every structure the task reads (queues,
+    heaps, the slo policy's fits) holds the _Key, so the task never runs the model's code. Run there, what a key
+    raised failed the task: the model refused every request until a restart, a KeyboardInterrupt ended the server's
+    loop, and a CancelledError was taken for the task's own cancellation (its requests answered as at a stop)."""
+
+    __slots__ = ("key", "seen")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        # A request came with it again since it was made, or since the last sweep of `Batcher._keys`: a key that
+        # comes once (one of many ids, a timestamp) is gone at the next sweep, once no request queued holds it.
+        self.seen = False
+
+    def __repr__(self) -> str:
+        return f"_Key({self.key!r})"
+
+
+# How many keys `Batcher._keys` holds before a sweep drops those that no request came with since the last: at least
+# as many as the slo policy keeps fits for, so that a key whose fit is kept keeps it (a key dropped here and seen
+# again is a new one, its fit learned anew).
+KEYS_KEPT = 2 * MAX_TRACKED_KEYS
+
+
 @dataclass(slots=True, eq=False)
 class Pending:
     """One request's life in the batcher."""
@@ -100,7 +127,7 @@ class Pending:
     # from the top) without holding its arrays.
     inputs: dict[str, np.ndarray] | None
     rows: int
-    key: Hashable
+    key: Hashable  # its _Key (Batcher._intern): the task never hashes the model's own key
     arrival: float  # time.perf_counter() when it joined the queue
     deadline: float | None  # time.perf_counter() after which it must not run
     future: asyncio.Future
@@ -331,6 +358,10 @@ class Batcher:
         self.metrics.devices_lost = executor.devices_lost
         self.metrics.inflight = lambda: self._inflight
         self._queues: dict[Hashable, _Queue] = {}
+        # By the model's own key, the _Key every structure below holds for it and its equals (`_intern`), swept past
+        # `_keys_limit`.
+        self._keys: dict[Hashable, _Key] = {}
+        self._keys_limit = KEYS_KEPT
         # (arrival of a queue's head, seq, key). Every non-empty queue has exactly one live entry
         # (seq == its head_seq) whose arrival is at most its head's; a flush that leaves requests
         # pushes a new one, and the older entry, now stale, is dropped when it reaches the top.
@@ -522,6 +553,7 @@ class Batcher:
                 f"request to model '{self.name}' arrived {1e3 * (now - deadline):.1f} ms after its deadline "
                 "passed; it was not queued"
             )
+        key = self._intern(key)  # the model's code: before anything changes, should it raise
         probe = self._admit(key, rows, level, deadline, now) if slo is not None else False
         fut = self._loop.create_future()
         p = Pending(inputs, rows, key, now, deadline, fut, level=level, probe=probe, count_fail=count_fail)
@@ -572,6 +604,36 @@ class Batcher:
         if wake:
             self._wakeup.set()
         return p
+
+    def _intern(self, key: Hashable) -> _Key:
+        """The _Key of the keys equal to `key`, made if there is none. The key's __hash__ and __eq__ (the model's
+        code) run here, and in a sweep: what they raise here is the caller's, before anything has changed."""
+        held = self._keys.get(key)
+        if held is not None:
+            held.seen = True
+            return held
+        if len(self._keys) >= self._keys_limit:
+            self._sweep_keys()
+        held = self._keys[key] = _Key(key)
+        return held
+
+    def _sweep_keys(self) -> None:
+        """Drop the keys that no request came with again since the last sweep and that no request queued holds (an
+        emptied queue waits for the task to drop it). Those kept are hashed again: one whose __hash__ or __eq__
+        raises now is dropped too, its queue (keyed by its _Key) served as it is; a request of an equal key is
+        queued anew, or fails as its key's hash does."""
+        queues = self._queues
+        kept: dict[Hashable, _Key] = {}
+        for key, held in self._keys.items():
+            q = queues.get(held)
+            if held.seen or (q is not None and q.requests):
+                held.seen = False
+                try:
+                    kept[key] = held
+                except BaseException:  # the model's code, run for no request: nothing to answer
+                    pass
+        self._keys = kept
+        self._keys_limit = max(KEYS_KEPT, 2 * len(kept))
 
     def _admit(self, key: Hashable, rows: int, level: int, deadline: float, now: float) -> bool:
         """slo policy: refuse a request predicted to miss its deadline behind the queue ahead of it

@@ -7,7 +7,6 @@ what was got, because that is what a user needs to fix a request.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import sys
@@ -351,9 +350,10 @@ class ConfigError(ValueError):
 
 def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The gRPC status code and details for an exception that ended a request; never raises
-    (`message_of`): the request's one answer is made from them."""
+    (`message_of`): the request's one answer is made from them. A deadline the server enforces is a WokError
+    (DeadlineExceeded); any other exception is a bug, wok's or the model's code's, a TimeoutError too (a model's
+    check or batch_key that timed out on its own: it was answered DEADLINE_EXCEEDED "deadline exceeded", which
+    read as the call's deadline and named nothing)."""
     if isinstance(exc, WokError):
         return exc.code, message_of(exc)
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {message_of(exc)}"

@@ -114,8 +114,9 @@ class TracebackLog:
     one line a window (`every_s`), which counts those held since the last line (`counted` names them). A failure on a
     running event loop arms the throttle there, so that what a window held is told at its end, in one line with no
     traceback that counts them by exception type: a flood writes its first traceback and then one line a window, and
-    a burst that stops is still told. `close()` tells what is still held and leaves no timer on the loop. Off any
-    loop (`wok profile` runs a model's check), what is held is told in the next line. `subject`: the lines' words,
+    a burst that stops is still told. `close()` tells what is still held and leaves no timer on the loop; a failure
+    after it is logged at once, with its traceback, and arms nothing. Off any loop (`wok profile` runs a model's
+    check), what is held is told in the next line. `subject`: the lines' words,
     "model 'm': its check (model:check) failed"; `failed(exc, line)` may word its own line for the first."""
 
     def __init__(self, logger: logging.Logger, level: int, subject: str, counted: str, every_s: float = 10.0) -> None:
@@ -126,8 +127,14 @@ class TracebackLog:
         self.throttle = Throttle(every_s)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the throttle is armed on
         self._types: dict[str, int] = {}  # what is held, by exception type's name
+        self._closed = False
 
     def failed(self, exc: BaseException, line: str | None = None) -> None:
+        if self._closed:
+            # At the stop no timer would tell what a window held (the loop ends), and a timer armed now would
+            # outlive the stop's close: told now, each whole (the stop handles no request: a few at most).
+            self.logger.log(self.level, "%s", line or self.subject, exc_info=exc)
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -155,7 +162,8 @@ class TracebackLog:
         return True
 
     def close(self) -> None:
-        """Tell what is held now and leave no timer on the loop; a later failure arms the throttle anew."""
+        """Tell what is held now and leave no timer on the loop; a later failure is logged at once (`failed`)."""
+        self._closed = True
         held = self.throttle.disarm()
         self._loop = None
         if held:

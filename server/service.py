@@ -658,12 +658,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             m.record_status(exc.code.name)
             rt.stats.fail.add(time.perf_counter() - arrival)
             raise
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
             # gRPC cancels the handler both when the client cancels and when the call's deadline
-            # passes (after its batch was dispatched: before, the batcher drops it as `deadline`).
+            # passes (after its batch was dispatched: before, the batcher drops it as `deadline`). A
+            # GeneratorExit is the handler's coroutine closed as it waits (its task destroyed): ended from
+            # outside as a cancelled one is, no failure of the request's (it counted INTERNAL and a fail).
             m.record_status(self._ended_code(time_left, stream, timeout))
             raise
-        except BaseException:  # a CancelledError is not: above
+        except BaseException:  # neither a CancelledError nor a GeneratorExit: above
             if not stream:
                 m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
                 rt.stats.fail.add(time.perf_counter() - arrival)
@@ -815,10 +817,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # A BaseException too: a KeyboardInterrupt or SystemExit out of the handler would end the server's loop
             # (`wok serve` takes its signals through the loop: one here is code's own).
             exc = _failure(exc)
-            self.failure_log(request.model_name).failed(exc, f"ModelInfer for model '{request.model_name}' failed")
+            name = request.model_name
+            # The client's name, which may be no model served: escaped and cut, as every name a request sent is.
+            self.failure_log(name).failed(exc, f"ModelInfer for model {quoted_name(name)} failed")
             await _abort(context, exc)
 
     async def ModelStreamInfer(self, request_iterator, context):
+        # request_iterator, grpc.aio's, is left unread: `read` reads with context.read() (it says why). Named as the
+        # servicer's method names it, as the handlers name the arguments they leave (ServerLive's request).
         st = _Stream()
         results = st.results
         tasks: dict[asyncio.Task, pb.ModelInferRequest] = {}  # each request's, until it ends
@@ -845,7 +851,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             except BaseException as exc:  # every request on the stream gets its one answer (ModelInfer: why Base)
                 exc = _failure(exc)
                 if not isinstance(exc, WokError):
-                    line = f"ModelStreamInfer request for model '{req.model_name}' failed"
+                    line = f"ModelStreamInfer request for model {quoted_name(req.model_name)} failed"
                     self.failure_log(req.model_name).failed(exc, line)
                 code, details = to_status(exc)
                 model, version = req.model_name, req.model_version

@@ -55,20 +55,20 @@ class GatedDouble(nn.Module):
         return out
 
 
-def four_wide_config(name: str, max_batch_size: int = 8):
+def four_wide_config(name: str, max_batch_size: int = 8, dynamic_batching: dict | None = None):
     """A python model's config, its factory unused: one FP32 input and output of 4, one CPU instance."""
-    return model_config_from_dict(
-        {
-            "name": name,
-            "platform": "python",
-            "factory": "tests:unused",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
-            "max_batch_size": max_batch_size,
-            "instances": {"count": 1, "devices": ["cpu"]},
-        },
-        "test",
-    )
+    config = {
+        "name": name,
+        "platform": "python",
+        "factory": "tests:unused",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
+        "max_batch_size": max_batch_size,
+        "instances": {"count": 1, "devices": ["cpu"]},
+    }
+    if dynamic_batching is not None:
+        config["dynamic_batching"] = dynamic_batching
+    return model_config_from_dict(config, "test")
 
 
 def gated_servable(

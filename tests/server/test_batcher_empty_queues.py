@@ -68,15 +68,19 @@ def decisions(b: Batcher) -> asyncio.Event:
 
 
 def held_for(b: Batcher, key) -> dict:
-    """What the batcher's structures hold for `key` (empty: nothing)."""
+    """What the batcher's structures hold for `key` (empty: nothing), by the _Key it holds for it (Batcher._keys;
+    none for a key no request came with, which nothing can hold)."""
+    key = b._keys.get(key)
+    if key is None:
+        return {}
     held = {
         "queue": key in b._queues,
         "full": key in b._full,
         "emptied": key in b._emptied,
-        "heads": sum(e[2] == key for e in b._heads),
-        "dues": sum(e[2] == key for e in b._dues),
-        "ranks": sum(e[4] == key for e in b._ranks),
-        "deadlines": sum(p.key == key for p in b._deadline_fifo) + sum(e[2].key == key for e in b._deadlines),
+        "heads": sum(e[2] is key for e in b._heads),
+        "dues": sum(e[2] is key for e in b._dues),
+        "ranks": sum(e[4] is key for e in b._ranks),
+        "deadlines": sum(p.key is key for p in b._deadline_fifo) + sum(e[2].key is key for e in b._deadlines),
     }
     return {name: v for name, v in held.items() if v}
 
@@ -127,7 +131,7 @@ async def test_a_lone_request_that_leaves_leaves_nothing_for_its_key(gated, poli
     b = make_batcher(s, ex, slo)
     made = decisions(b)
     if slo is not None:
-        slo.arrived("k", time.perf_counter(), 100_000)  # λα = 10 samples: a lone one waits
+        slo.arrived(b._intern("k"), time.perf_counter(), 100_000)  # λα = 10 samples: a lone one waits
     running = None
     try:
         if instance == "busy":
@@ -141,7 +145,7 @@ async def test_a_lone_request_that_leaves_leaves_nothing_for_its_key(gated, poli
         # A timer is armed for it: its flush (an idle instance) or its deadline (slo: every request
         # has one). With every instance busy the fixed policy's next decision waits for a completion.
         armed = policy == "slo" or instance == "idle" or how == "expired"
-        assert b._queues["k"].requests == 1 and (b._timer.armed_at < math.inf) == armed
+        assert b._queues[b._keys["k"]].requests == 1 and (b._timer.armed_at < math.inf) == armed
         made.clear()
         if how == "withdrawn":
             b.withdraw(p)  # wakes nothing: its entries wait for the next decision
@@ -199,8 +203,8 @@ async def _come_and_go(b: Batcher, m) -> None:
             await asyncio.sleep(0.001)
         assert b.inflight == 2 and b._busy == [2]
         # The hot queue, emptied by that batch, goes at the next decision.
-        assert list(b._queues) == ["hot"], f"round {round_}: {len(b._queues)} queues"
-        assert b._emptied <= {"hot"}
+        assert [k.key for k in b._queues] == ["hot"], f"round {round_}: {len(b._queues)} queues"
+        assert b._emptied <= {b._keys["hot"]}
         for j in range(20):
             assert held_for(b, f"cold-{round_}-{j}") == {}
     for _ in range(2):
@@ -224,7 +228,7 @@ async def test_a_request_of_0_rows_is_refused_at_submit_and_takes_no_queue_space
             await wait_entered(m)
         with pytest.raises(InvalidInput, match=r"^model 'gated': expected at least 1 row in a request; got 0$"):
             submit(b, "k", rows=0)
-        assert "k" not in b._queues and b.queued == 0 and b._level_samples == {}
+        assert "k" not in b._keys and b.queued == 0 and b._level_samples == {}
         assert b.stats.fail.count == 0
     finally:
         m.gate.set()

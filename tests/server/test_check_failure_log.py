@@ -264,3 +264,46 @@ def test_a_keyboard_interrupt_from_a_check_off_the_event_loop_stays_one(tmp_path
     with pytest.raises(CheckFailed) as info:  # no signal's: the check's own failure, as the server answers it
         own.check({"INPUT0": np.full((1, 4), 10.0, np.float32)})
     assert str(info.value) == "internal error: SystemExit: 3"
+
+
+class TimingOut(Servable):
+    """A servable whose own check and batch_key time out on their own (a bug in them, no deadline of the call's):
+    the check on a value over 1e6, the batch_key on a negative one."""
+
+    def check(self, inputs):
+        if (inputs["INPUT0"] > 1e6).any():
+            raise TimeoutError("the check's own lookup timed out")
+
+    def batch_key(self, inputs):
+        if (inputs["INPUT0"] < 0).any():
+            raise TimeoutError("the key's own lookup timed out")
+        return super().batch_key(inputs)
+
+
+@pytest.mark.parametrize("call", ["unary", "stream"])
+async def test_a_timeout_error_from_the_models_code_is_answered_internal_naming_it_not_as_a_deadline(call):
+    # errors.to_status mapped every TimeoutError to DEADLINE_EXCEEDED "deadline exceeded": a bug in a model's check
+    # read as the call's deadline, and its message was lost. The server's own deadlines are DeadlineExceeded.
+    s = TimingOut(four_wide_config("own"), nn.Identity())
+    expected = {
+        BAD: "internal error: TimeoutError: the check's own lookup timed out",
+        -1.0: "internal error: TimeoutError: the key's own lookup timed out",
+    }
+    async with served(s) as (server, stub):
+        got = {}
+        if call == "unary":
+            for value in expected:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.ModelInfer(request(value), timeout=10)
+                got[value] = (info.value.code(), info.value.details())
+        else:
+            stream = stub.ModelStreamInfer(iter([request(v, str(v)) for v in expected]), timeout=10)
+            async for a in stream:
+                number = a.infer_response.parameters["status_code"].int64_param
+                code = next(c for c in grpc.StatusCode if c.value[0] == number)
+                got[float(a.infer_response.id)] = (code, a.error_message)
+            assert await stream.code() == grpc.StatusCode.OK
+        out = decode_response(await stub.ModelInfer(request(2.0), timeout=10))
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+    assert got == {v: (grpc.StatusCode.INTERNAL, d) for v, d in expected.items()}
+    assert server.metrics.models["own"].responses == {"INTERNAL": 2, "OK": 1}

@@ -36,7 +36,7 @@ async def test_the_fixed_policy_refuses_a_passed_deadline_at_arrival_and_the_que
     # Behind a queued request, and at the most urgent level: refused all the same.
     with pytest.raises(DeadlineExceeded, match=f"^{PASSED}$"):
         submit(b, 9.0, deadline=0.0, priority=1)
-    assert b.queued == 1 and b._queues[None].samples == 1 and b.stats.fail.count == 2
+    assert b.queued == 1 and b._queues[b._keys[None]].samples == 1 and b.stats.fail.count == 2
     second = submit(b, 2.0)  # the batch's second request is this one, not an expired one
     outs = [await p.future for p in (first, second)]
     for value, out in zip((1.0, 2.0), outs):

@@ -87,3 +87,29 @@ def test_a_traceback_log_tells_a_window_held_at_its_end_on_each_loop_it_fails_on
         "model 'm': its check (m:check) failed 1 more time since the last logged (ValueError: 1), as the server stops"
     )
     assert failures.throttle.window_end is None
+
+
+async def test_a_failure_after_a_traceback_logs_close_is_logged_at_once_and_arms_no_timer(caplog):
+    # The stop closes the logs once no request is handled; a failure after that (a servable's check run later) armed
+    # the throttle's timer on the running loop again: left there past the stop, its count told only if the loop ran
+    # to the window's end.
+    logger = logging.getLogger("wok.test_ratelog")
+    failures = TracebackLog(logger, logging.WARNING, "requests for model 'm' failed", "failed requests")
+    failures.throttle.every_s = 600.0
+    with caplog.at_level(logging.WARNING, logger="wok.test_ratelog"):
+        failures.failed(ValueError("before"))
+        failures.failed(KeyError("held"))
+        failures.close()
+        failures.failed(TypeError("after"), "ModelInfer for model 'm' failed")
+        failures.failed(TypeError("after, again"))
+        assert failures.throttle.window_end is None and failures.throttle.held == 0
+    assert [(r.getMessage(), r.exc_info[1] if r.exc_info else None) for r in caplog.records] == [
+        ("requests for model 'm' failed", caplog.records[0].exc_info[1]),
+        (
+            "requests for model 'm' failed 1 more time since the last logged (KeyError: 1), as the server stops",
+            None,
+        ),
+        ("ModelInfer for model 'm' failed", caplog.records[2].exc_info[1]),
+        ("requests for model 'm' failed", caplog.records[3].exc_info[1]),
+    ]
+    assert [str(r.exc_info[1]) for r in caplog.records if r.exc_info] == ["before", "after", "after, again"]

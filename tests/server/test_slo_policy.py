@@ -192,7 +192,7 @@ async def test_deadline_rule_flushes_at_the_latest_start_and_not_before(gated):
     slo = policy(200, 8, alpha_ms=20, beta_ms=1, margin_ms=1, tau_s=10.0)
     b = make_batcher(s, ex, slo, start=False)
     p = submit(b)
-    slo.arrived(None, p.arrival, 989)  # arrivals seen before: λ = 990/10 s = 99 samples/s
+    slo.arrived(b._keys[None], p.arrival, 989)  # arrivals seen before: λ = 990/10 s = 99 samples/s
     t0 = p.arrival
     latest = t0 + 0.200 - 0.021 - 0.001  # deadline − T(1) − margin
     assert b._pick(t0 + 0.001) == (None, None, "", pytest.approx(latest - t0 - 0.001))
@@ -235,7 +235,7 @@ async def test_an_idle_instance_takes_a_lone_request_at_once_when_waiting_cannot
     p = submit(b)
     await p.future
     assert b.stats.flushes == {"idle": 1} and m.batch_sizes == [1]
-    assert b.slo.times.batches(None) == 1  # the batch's time went into the fit
+    assert b.slo.times.batches(b._keys[None]) == 1  # the batch's time went into the fit
     assert b.metrics.slack.count == 1
     await b.stop()
 
@@ -249,7 +249,7 @@ async def test_a_running_batcher_sends_the_batch_at_its_latest_start(gated):
     slo = policy(1000, 8, alpha_ms=20, beta_ms=1, margin_ms=800, tau_s=10.0)
     b = make_batcher(s, ex, slo)
     p = submit(b)
-    slo.arrived(None, p.arrival, 989)  # as above: λα = 1.98 > 1, so only the deadline rule sends it
+    slo.arrived(b._keys[None], p.arrival, 989)  # as above: λα = 1.98 > 1, so only the deadline rule sends it
     await p.future
     assert b.stats.flushes == {"deadline": 1}
     waited = p.dispatched - p.arrival
@@ -282,7 +282,8 @@ async def test_a_request_that_would_finish_late_is_dropped_at_dispatch(gated):
     ok = submit(b)  # the model is idle: let through unchecked (a probe)
     late = submit(b, deadline=time.perf_counter() + 0.060)  # admitted: a batch of 2 ends in 50 + 1 ms < 60 ms
     # 15 ms later (the instance was busy, say) a batch of 50 ms would end 5 ms past its deadline.
-    batch = b._form(None, b._queues[None], "deadline", late.arrival + 0.015)
+    key = b._keys[None]
+    batch = b._form(key, b._queues[key], "deadline", late.arrival + 0.015)
     assert batch.requests == [ok]
     with pytest.raises(DeadlineExceeded, match="would pass before its batch finished"):
         late.future.result()
@@ -373,7 +374,7 @@ async def test_an_idle_model_lets_a_probe_through_so_an_inflated_estimate_recove
     ns, seconds = zip(*observed, strict=True)
     weights = b.slo.times.decay ** np.arange(len(seconds) - 1, -1, -1)
     assert ns == (1,) * 16 and b.slo.times.batches() == 16
-    assert b.slo.times.predict(None, 1) == pytest.approx(np.dot(weights, seconds) / weights.sum(), rel=1e-9)
+    assert b.slo.times.predict(b._keys[None], 1) == pytest.approx(np.dot(weights, seconds) / weights.sum(), rel=1e-9)
     m.gate.clear()
     first = submit(b)
     await wait_entered(m)
@@ -768,12 +769,13 @@ async def test_answered_requests_do_not_pile_up_behind_a_queued_earlier_deadline
     starved = submit(b, priority=5)
     for _ in range(200):
         ps = [submit(b, priority=1) for _ in range(8)]
-        assert b._form(None, b._queues[None], "size", time.perf_counter()).requests == ps
+        key = b._keys[None]
+        assert b._form(key, b._queues[key], "size", time.perf_counter()).requests == ps
         b.withdraw(submit(b, priority=1))
     assert starved.state == QUEUED and b.queued == 1
     # Dead entries go once they outnumber the live ones by a margin: a bound on the queue, not on
     # the traffic served (1,801 entries here before).
-    q = b._queues[None]
+    q = b._queues[b._keys[None]]
     assert len(q.deadlines) <= 2 * b.queued + 64, len(q.deadlines)
     assert b._expire_due(time.perf_counter()) == starved.deadline
     b._fail_queued(DeadlineExceeded("test over"))
@@ -874,6 +876,11 @@ class _Clock:
         return self.now
 
 
+def _named(key) -> str | None:
+    """The client's key of a batcher's own (batcher._Key, equal only to itself in another batcher); None for none."""
+    return None if key is None else key.key
+
+
 def _drive(
     b: Batcher, clock: _Clock, seed: int, hot_keys: int, hot_share: float, step_ms: float, base_ms: float
 ) -> list:
@@ -929,16 +936,16 @@ def _drive(
         busy = running is not None
         start = b._free_time(0, now)
         key, q, reason, wait = b._pick(now, full_only=busy, start=start)
-        log.append(("pick", busy, key, reason, wait))
+        log.append(("pick", busy, _named(key), reason, wait))
         if q is None:
             continue
         batch = b._form(key, q, reason, now, start)
         if batch is None:
             continue
         numbers = [sent.index(p) for p in batch.requests]
-        log.append(("batch", key, reason, numbers))
+        log.append(("batch", _named(key), reason, numbers))
         # Each key's batches take their own time, so that keys with fits of their own differ.
-        took = (base_ms + 0.5 * (int(key[1:]) % 7)) * 1e-3 + 0.2e-3 * batch.samples
+        took = (base_ms + 0.5 * (int(key.key[1:]) % 7)) * 1e-3 + 0.2e-3 * batch.samples
         b._free_at[0] = start + b.slo.times.predict(key, batch.samples)
         if not busy:
             b._busy[0] = 1
@@ -950,7 +957,7 @@ def _drive(
             break
         batch = b._form(key, q, reason, clock.now, clock.now)
         if batch is not None:
-            log.append(("batch", key, reason, [sent.index(p) for p in batch.requests]))
+            log.append(("batch", _named(key), reason, [sent.index(p) for p in batch.requests]))
     assert b.queued == 0
     for p in sent:  # answered in no batch here: their futures are left; retrieve the failed ones
         if p.future.done() and not p.future.cancelled():
@@ -1005,11 +1012,12 @@ async def test_a_choice_among_many_keys_visits_the_queues_down_to_the_first_due(
     ps = [b.submit(x, 1, k, t0 + 10 + k, None) for k in range(200)]  # key k: deadline in 10 + k s
     full = [b.submit(x, 1, 3, None, None) for _ in range(3)]  # key 3 holds 4: full
     for k in range(3):
-        b.slo.arrived(k, t0, 10_000)  # a high rate: λα far above one sample, so keys 0-2 wait
+        b.slo.arrived(b._keys[k], t0, 10_000)  # a high rate: λα far above one sample, so keys 0-2 wait
     looked = []
     urgency = b._urgency
     monkeypatch.setattr(b, "_urgency", lambda q: looked.append(q) or urgency(q))
-    assert b._pick(t0)[:3] == (3, b._queues[3], "size")
+    key = b._keys[3]
+    assert b._pick(t0)[:3] == (key, b._queues[key], "size")
     assert len(looked) <= 6, len(looked)
     b._fail_queued(DeadlineExceeded("test over"))
     for p in ps + full:
