@@ -134,6 +134,17 @@ async def serving(servable, grace: float = 10.0):
             raise LeftRunning(f"the server gave model '{servable.name}' up, still running on its thread, as it stopped")
 
 
+async def _exit_if_left_running(check):
+    """`check`'s result; on LeftRunning, said, and the process left through os._exit(1) at once, from inside the
+    loop: asyncio.run's end waits for the loop's pool threads, which a load or a warm-up given up on still holds
+    (a Ctrl-C's: the script left only when the model's step ended)."""
+    try:
+        return await check
+    except LeftRunning as exc:
+        print(f"gpu_check: {exc}; exiting without a report", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
 async def server_check(device: str) -> dict:
     import grpc
 
@@ -231,11 +242,7 @@ def main(argv=None) -> int:
             {"wall_s": wall, "pinned": pinned, "overlap": overlaps(results), "stages_ms": stage_medians(results)}
         )
 
-    try:
-        served = asyncio.run(server_check(args.device))
-    except LeftRunning as exc:
-        print(f"gpu_check: {exc}; exiting without a report", file=sys.stderr, flush=True)
-        os._exit(1)
+    served = asyncio.run(_exit_if_left_running(server_check(args.device)))
     d1 = statistics.median(r["wall_s"] for r in runs[1])
     d2 = statistics.median(r["wall_s"] for r in runs[2])
     hits, pairs = runs[2][-1]["overlap"]

@@ -401,6 +401,10 @@ class WokServer:
             return None
 
         building = loop.run_in_executor(None, build)
+        # Read whoever gets it: a load that fails after a cancellation (in the wait below, past it, or as a second
+        # cancellation ends that wait) was logged as "Future exception was never retrieved"; the caller gets the
+        # cancellation, or the failure itself through the shield.
+        building.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             # Shielded: a cancellation leaves `building` to be waited for below.
             return await asyncio.shield(building)
@@ -414,13 +418,9 @@ class WokServer:
                 if taken:
                     taken[0].shutdown()  # never given a batch: no thread to wait for
                 elif not building.done():
+                    # The thread shuts down what it builds later, needing nothing of the loop.
                     log.error("model '%s' is still loading as the start ended", name)
                     self.abandoned_work = True
-                    # A load that fails later: read, not logged as "never retrieved" (the thread's shutdown of a
-                    # built one needs nothing of the loop).
-                    building.add_done_callback(lambda f: f.cancelled() or f.exception())
-            if building.done() and not building.cancelled():
-                building.exception()  # read: the cancellation is what the caller gets
             raise
 
     def _model_failed(self, name: str, exc: BaseException) -> None:

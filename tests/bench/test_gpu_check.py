@@ -393,3 +393,89 @@ def test_the_sessions_mlp_repository_is_the_demo_model_on_the_device_it_names(tm
     x = torch.randn(3, 256)
     cpu = torch.device("cpu")
     assert torch.equal(served.module_for(cpu)(x), demo.module_for(cpu)(x))
+
+
+# Runs gpu_check's main on the CPU with the server check's model stuck (its load, or its warm-up batch) for STUCK_S,
+# saying so, for the test to Ctrl-C it then (SIGINT from outside: a kill from the model's own thread went to that
+# thread at times, which left the loop's thread asleep in its poll until the model's step ended).
+STUCK_MAIN = """
+import importlib.util, sys, threading, torch
+spec = importlib.util.spec_from_file_location("gpu_check", sys.argv[1])
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+where, stuck_s = sys.argv[2], float(sys.argv[3])
+
+
+class Stuck(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.stuck = True
+
+    def hold(self, step):
+        if step == where and self.stuck:
+            self.stuck = False
+            print("stuck", file=sys.stderr, flush=True)
+            threading.Event().wait(stuck_s)
+
+    def to(self, *args, **kwargs):
+        self.hold("load")
+        return super().to(*args, **kwargs)
+
+    def forward(self, x):
+        self.hold("warm-up")
+        return self.inner(x)
+
+
+def build_demo(name, **options):
+    servable = demo(name, **options)
+    if not options:  # the server check's
+        servable._module = Stuck(servable._module)
+    return servable
+
+
+demo, gpu_check.build_demo = gpu_check.build_demo, build_demo
+sys.exit(gpu_check.main(sys.argv[4:]))
+"""
+STUCK_S = 30.0
+
+
+@pytest.mark.parametrize("where", ["load", "warm-up"])
+def test_a_ctrl_c_in_the_server_checks_start_leaves_at_once(tmp_path, where):
+    """A Ctrl-C while the server check's model loads or warms up: the start gives the model up after a second
+    (LeftRunning), and main's os._exit came only after asyncio.run had ended, whose end waits for the loop's pool
+    threads, that load's or warm-up's among them: the script left when the model's step did, however long (here
+    STUCK_S), not at once as it says. Now left inside the loop."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "stuck_main.py"
+    script.write_text(STUCK_MAIN)
+    out = tmp_path / "gc.json"
+    args = [str(ROOT / "bench" / "gpu_check.py"), where, str(STUCK_S), *CPU_DRY_RUN.split(), "--json", str(out)]
+    proc = subprocess.Popen([sys.executable, str(script), *args], stderr=subprocess.PIPE, text=True)
+    try:
+        said = []
+        for line in proc.stderr:
+            said.append(line)
+            if line == "stuck\n":
+                break
+        assert said[-1:] == ["stuck\n"], "".join(said)[-3000:]
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        said += proc.stderr.readlines()
+        took = time.monotonic() - interrupted
+        assert proc.wait(timeout=10) == 1, "".join(said)[-3000:]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert took < 10.0, f"gpu_check left {took:.1f} s after its Ctrl-C (the model stuck for {STUCK_S:.0f} s)"
+    step = "loading" if where == "load" else "running a batch"
+    assert said[-2:] == [
+        f"model 'mlp' is still {step} as the start ended\n",
+        "gpu_check: the server gave model 'mlp' up, still running on its thread, as it stopped; exiting without a "
+        "report\n",
+    ], "".join(said)[-3000:]
+    assert not out.exists()

@@ -6,9 +6,11 @@ it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -178,3 +180,56 @@ def test_a_start_cancelled_in_a_models_load_ends_within_a_second_and_gives_the_m
     process's exit wait for, however long the load takes. Now waited for a second, as a warm-up is, then the model
     is given up on (`abandoned_work`) and named; what the load builds after is shut down on its thread."""
     run_on("asyncio", _cancel_a_start_stuck_in_a_models_load(caplog))
+
+
+class FailsToLoad(SlowToLoad):
+    """A model whose load fails once its gate opens."""
+
+    def to(self, *args, **kwargs):
+        self.loading.set()
+        if not self.gate.wait(timeout=10):  # a backstop, as the batches' gate's
+            raise RuntimeError("test gate never opened")
+        raise RuntimeError("the load failed")
+
+
+async def _cancel_a_start_twice_as_its_load_fails() -> None:
+    servable, _ = gated_servable(name="loading")
+    module = FailsToLoad()
+    module.gate.clear()
+    server = WokServer(
+        server_settings(grpc_port=0, metrics_port=None), ModelRepository([Servable(servable.config, module)], "test")
+    )
+    loop = asyncio.get_running_loop()
+    unhandled = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context["message"]))
+    # One thread: a call queued behind the build returns once the build's end has been handed to the loop.
+    pool = ThreadPoolExecutor(1)
+    loop.set_default_executor(pool)
+    waits = ThreadPoolExecutor(1)  # the test's own waits, which the build's thread would queue behind
+    starting = asyncio.ensure_future(server.start())
+    try:
+        assert await loop.run_in_executor(waits, module.loading.wait, 10), "the build never reached the model's load"
+        starting.cancel()
+        await asyncio.sleep(0)  # one turn of the loop: the start is in its wait for the load
+        module.gate.set()
+        pool.submit(int).result(timeout=10)  # on the loop's thread: the failed load's end is queued, not yet read
+        starting.cancel()  # a second Ctrl-C, in the same turn
+        await asyncio.wait({starting})
+        assert starting.cancelled()
+        assert not server.abandoned_work  # the load ended, with its failure
+    finally:
+        module.gate.set()
+        if not starting.done():
+            await asyncio.wait({starting})
+        await server.stop(grace=5.0)
+        waits.shutdown()
+    del starting
+    gc.collect()
+    # The build's failure, read: it was logged as "Future exception was never retrieved", with its traceback.
+    assert unhandled == []
+
+
+def test_a_load_that_fails_as_a_second_cancellation_lands_is_read(run_on):
+    """A start cancelled in a model's load, cancelled again as that load fails: the build's exception was left
+    unread, and asyncio logged it as "Future exception was never retrieved" (ERROR, a traceback) when collected."""
+    run_on("asyncio", _cancel_a_start_twice_as_its_load_fails())
