@@ -4,9 +4,11 @@
 
 A request of `codec.LARGE_REQUEST` bytes or more is read by `parse_infer_request`: its raw tensors as views of
 the received bytes, its size counted without serializing it. Below that size protobuf parses it.
-Each figure is one request's parse, size (`ByteSize`, as the server's size limit read it until 2026-12-06) and a
-read of every raw entry, the two ways interleaved within each rep (the order reversed every other rep); the
-medians of the reps, and the median of the per-rep ratios.
+Each figure (`results`) is one request's parse, size (`ByteSize`, as the server's size limit read it until 2026-12-06)
+and a read of every raw entry, the two ways interleaved within each rep (the order reversed every other rep); the
+medians of the reps, and the median of the per-rep ratios. The server no longer reads ByteSize (its limit is held by
+the bytes received), so protobuf's figure there counts a serialization it no longer pays: its read since is
+`break_even`'s, kept here to compare with the files before.
 
 `break_even`: where `codec.LARGE_REQUEST` lies: the server's read of a request of one raw FP32 tensor of 16 to 256 KiB
 (`decode_request(in_steps=True)` of it parsed), by protobuf's parse against the walk's (`codec._parse_large`, its way
@@ -385,6 +387,9 @@ def _oversized(reps: int) -> dict:
         return {
             "median_us": {name: 1e6 * statistics.median(v) for name, v in times.items()},
             "us_range": {name: [1e6 * min(v), 1e6 * max(v)] for name, v in times.items()},
+            # each rep's, in rep order: head_only runs right after parse_whole in the even reps (0, 2, ...), right
+            # after head_only in the odd ones, which its spread shows (docs/performance.md)
+            "runs_us": {name: [1e6 * t for t in v] for name, v in times.items()},
             "median_ratio_head_over_whole": statistics.median(
                 b / a for a, b in zip(times["parse_whole"], times["head_only"])
             ),
@@ -467,6 +472,7 @@ def main(argv=None) -> int:
         report["codecs"] = _codecs(
             args.reps, files, lambda rows: print(f"codecs, {rows} rows done", file=sys.stderr, flush=True)
         )
+    print("a request's parse, ByteSize (which the server no longer reads) and raw entries, protobuf's against wok's")
     print(f"{'request bytes':>14}{'protobuf µs':>14}{'wok µs':>12}{'wok/protobuf':>14}")
     for r in results:
         m = r["median_us"]

@@ -771,7 +771,8 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         b = data[i]
         value |= (b & 0x7F) << shift
         if b < 0x80:
-            return value, i + 1
+            # protobuf keeps the low 64 bits of a 10-byte varint: a length padded past them is read as they are
+            return value & 0xFFFF_FFFF_FFFF_FFFF, i + 1
         shift += 7
     return -1, -1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -68,10 +69,10 @@ def test_codec_before_refuses_a_missing_file_and_a_name_given_twice(tmp_path, ca
 
 
 def test_oversized_times_each_worst_case_refused_unread_against_parsed_whole(monkeypatch):
-    # Small: 300,000 values (~2.4 MB) over a limit of 1 MiB, one rep.
+    # Small: 300,000 values (~2.4 MB) over a limit of 1 MiB, two reps (one of each order).
     monkeypatch.setattr(large_decode, "OVERSIZED_VALUES", 300_000)
     monkeypatch.setattr(large_decode, "OVERSIZED_LIMIT", 1 << 20)
-    part = large_decode._oversized(1)
+    part = large_decode._oversized(2)
     assert part["values"] == 300_000 and part["max_request_bytes"] == 1 << 20 and part["bytes"] > 2_400_000
     assert [w["case"] for w in part["worst_cases"]] == list(large_decode.WORST_CASES)
     unread = {w["case"]: w["unread"] for w in part["worst_cases"]}
@@ -81,6 +82,10 @@ def test_oversized_times_each_worst_case_refused_unread_against_parsed_whole(mon
         assert set(figures["median_us"]) == set(figures["us_range"]) == {"parse_whole", "head_only"}
         for way, (low, high) in figures["us_range"].items():
             assert 0 < low <= figures["median_us"][way] <= high
+            # each rep's figure, in rep order, behind the median and the range
+            runs = figures["runs_us"][way]
+            assert len(runs) == 2 and (min(runs), max(runs)) == (low, high)
+            assert statistics.median(runs) == pytest.approx(figures["median_us"][way], rel=1e-12)
         assert figures["median_ratio_head_over_whole"] > 0
     assert all(w["bytes"] > 1 << 20 for w in part["worst_cases"])
 

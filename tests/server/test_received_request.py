@@ -367,6 +367,44 @@ def test_the_walk_reads_a_tag_where_protobuf_does():
     assert 0 < read < len(cases)  # both ways met
 
 
+def test_the_walk_reads_a_length_where_protobuf_does():
+    # protobuf keeps a varint's low 64 bits: a 10-byte length whose last byte sets bits 64 to 69 is read as its low
+    # bits, where the walk read the whole value, a field past the end, so a request over the limit with one in its
+    # model's name was refused unread, no model named, where protobuf reads the name (found by REVC58's fuzz).
+    cases = [(2, 10, high) for high in range(128)] + [(2, 9, 0), (2, 10, 0), (2, 11, 0), (1 << 31, 10, 0)]
+    differ = []
+    read = 0
+    for length, width, high in cases:
+        data = b"\x0a" + _tag(high << 63 | length, width) + b"mm"
+        try:
+            pb.ModelInferRequest.FromString(data)
+        except DecodeError:
+            expected = str
+        else:
+            read += 1
+            expected = [(0x0A, 0, 1 + width, len(data))]
+        got = _top_fields(data)
+        if (type(got) is not str) if expected is str else got != expected:
+            differ.append(
+                f"{high << 63 | length:#x} in {width} bytes: protobuf {'refuses' if expected is str else 'reads'}, "
+                f"walk {got}"
+            )
+    assert not differ, "\n".join(differ)
+    assert 0 < read < len(cases)  # both ways met
+
+    name = b"\x0a" + _tag(1 << 64 | 4, 10) + b"wide"
+    data = name + typed_request(LARGE_REQUEST).SerializeToString()[len(_field(1, b"wide")) :]
+    whole = pb.ModelInferRequest.FromString(data)
+    over = tolerant_parser(pb.ModelInferRequest, "/inference.GRPCInferenceService/ModelInfer", 1024)(data)
+    assert type(over) is OversizedRequest
+    assert (over.model_name, over.model_version, over.id) == (whole.model_name, whole.model_version, whole.id)
+    assert over.model_name == "wide"
+    # within the limit, read in place (protobuf parsed the whole of it)
+    data = name + request().SerializeToString()[len(_field(1, b"wide")) :]
+    assert type(parse(data)) is ReceivedRequest
+    assert_decoded_alike(data)
+
+
 def fields_request(fields: int) -> bytes:
     """A large request of raw tensors in `fields` top-level fields, parameters after its own."""
     req = request()
