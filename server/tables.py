@@ -21,7 +21,9 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
   rows past b's 150 from 75 on. `rows` stands there: every id still reaches its table, which fails past it.
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
-model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why. Nor is one whose ids are
+model's own whatever its name, another table's values looked up at it: `a(self.remap[ids])` of an integer `remap`,
+`a(emb(ids).long())` of a float table's, `_Walk.table_values`), nothing is guessed: it is not checked, and `unclear`
+says why. Nor is one whose ids are
 changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, `ids.data = ids + 1`,
 `nn.ReLU(inplace=True)(ids)`, through a view, a list's item or an op or module that may return them: `l = [ids];
 l[0].sub_(1)`, `ids.cpu().sub_(1)`, `nn.Identity()(ids).sub_(1)`): neither `rows` nor `bounds`, as the graphs of
@@ -276,8 +278,10 @@ class _Walk:
     them}), the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those in
     [0, n) whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the values whose
     memory each value made by a view, a cast, a copy, a container's item or an op that may return its argument may
-    share (`base`: value → its roots; an in-place change of one changes the others), what reached a table, and the
-    inputs whose bound is not known (`unbounded`: input → why, module docstring)."""
+    share (`base`: value → its roots; an in-place change of one changes the others), the floats a table holds that
+    were looked up at an input's ids (`values`: value → {input: how}; no ids, nor positions, until cast to an integer:
+    `_Walk.table_values`), what reached a table, and the inputs whose bound is not known (`unbounded`: input → why,
+    module docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
@@ -286,6 +290,7 @@ class _Walk:
         self.within: dict = {}
         self.integer: dict = {}
         self.base: dict = {}
+        self.values: dict = {}
         self.unbounded: dict[str, str] = {}
         self.changed: dict[str, str] = {}
         self.found = IdRanges()
@@ -313,8 +318,7 @@ class _Walk:
         are made of (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)` of a `buf` made of none), through `via`."""
         if _bare(via) in _KEEPS_IN_PLACE:
             return
-        roots = self.roots(target)
-        shared = [v for v, b in self.base.items() if b & roots] + [*roots, target]
+        shared = self.sharing(target)
         touched = set(self.inputs_of(target))
         for v in shared:
             if v in self.ids:
@@ -322,6 +326,9 @@ class _Walk:
                 touched.add(name)
                 self.changed.setdefault(name, f"{via} changes its ids in place, which wok does not follow")
         written = {name: f"{via}, which wok does not follow" for s in sources for name in self.inputs_of(s)}
+        looked = {name: how for s in sources for name, how in self.values.get(s, {}).items()}
+        for v in shared if looked else ():  # `buf.copy_(emb(ids))`: a table's floats, cast later
+            self.values[v] = {**looked, **self.values.get(v, {})}
         for v in shared:
             if v in self.ids:  # an input's ids, changed (no table of it kept): other inputs written in have no bound
                 for name in written.keys() - {self.ids[v][0]}:
@@ -334,6 +341,11 @@ class _Walk:
             # The in-place op, not the `%` before it, is the step not followed (`y = ids % 200; y.view(-1).add_(1)`).
             then = f"{op}, then {via} in place, which wok does not follow"
             self.mixed[v] = {name: then if name in touched else how for name, how in self.inputs_of(v).items()}
+
+    def sharing(self, target) -> list:
+        """The values that may share `target`'s memory, itself among them."""
+        roots = self.roots(target)
+        return [v for v, b in self.base.items() if b & roots] + [*roots, target]
 
     def roots(self, value) -> frozenset:
         """The values whose memory `value` may share, itself among them where it was made by none."""
@@ -387,11 +399,19 @@ class _Walk:
             return
         merged: dict[str, str] = {}
         unfollowed = f"{via}, which wok does not follow"
+        looked: dict[str, str] = {}
         for v in ins:
             for name, how in self.inputs_of(v).items():
                 merged.setdefault(
                     name, unfollowed if restate or v in self.within or v in self.masks else how or unfollowed
                 )
+            for name, how in self.values.get(v, {}).items():
+                looked.setdefault(name, how)
+        if looked:  # a table's floats through any op (a layer, a norm) are not read as positions until cast
+            for o in outs:
+                self.values[o] = looked
+            if _bare(via) in _COMPARES and not _is_in_place(via) and not into:
+                self.masks.update(outs)  # `emb(ids) > 0`
         if merged:
             for o in outs:
                 self.mixed[o] = merged
@@ -458,6 +478,15 @@ class _Walk:
             dtype = self.integer_of(src) if want is None else want
             if dtype is not None and _most(dtype) >= 0:
                 self.integer[out] = dtype
+        if src in self.values and not (read and (want is None or want.is_floating_point or want.is_complex)):
+            self.cast_values(out, via if read else f"{via} to a dtype not known at load")
+
+    def cast_values(self, out, via: str) -> None:
+        """`out` is a table's floats (`values`) cast by `via` to integers, or to a dtype not known: values made of
+        the ids that may reach a table as ids (`emb(ids).long()`), not followed."""
+        looked = self.values.pop(out, None) or {}
+        cast = {name: f"{how} cast by {via}, which wok does not follow" for name, how in looked.items()}
+        self.mixed[out] = {**cast, **self.mixed.get(out, {})}
 
     def reinterpret(self, out, src, dtype: torch.dtype, via: str) -> None:
         """`out` is `src`'s memory read as `dtype` (`ids.view(torch.int8)`): its bytes, none of its values (id 200
@@ -466,6 +495,8 @@ class _Walk:
         self.base[out] = self.roots(src)
         if _most(dtype) >= 0:
             self.integer[out] = dtype
+            if out in self.values:
+                self.cast_values(out, via)
 
     def alias(self, out, src) -> None:
         """`out` is `src` (a branch always taken returns it)."""
@@ -474,12 +505,20 @@ class _Walk:
             self.ids[out] = self.ids[src]
         elif src in self.mixed:
             self.mixed[out] = self.mixed[src]
+        if src in self.values:
+            self.values[out] = self.values[src]
 
     def lookup(
         self, index, rows: int | None, what: str, conditional: str = "", wraps: bool = False, partial: str = ""
     ) -> None:
         """Ids `index` looked up in a table of `rows` rows (None: not known) by op `what`; `wraps`: as `table[ids]`,
         which counts a negative id from the table's end; `partial`: why `what` may read only some of the ids."""
+        for name, how in self.values.get(index, {}).items():
+            # A float fails as an index: these are ids only through a cast wok did not see (`x.type_as(ids)`).
+            if name not in self.inputs_of(index):
+                why = f"it reaches {what} through {how}, made integers by a step wok does not follow"
+                self.found.unclear.setdefault(name, why)
+                self.unbounded.setdefault(name, why)
         for name, how in self.inputs_of(index).items():
             taken = self.ids[index][2] if index in self.ids else ""
             if how:
@@ -516,6 +555,29 @@ class _Walk:
                 low = -rows if wraps else 0
                 self.found.least[name] = max(low, self.found.least.get(name, low))
 
+    def table_values(self, outs, index, what: str, table, name: str = "") -> None:
+        """`outs` hold the values of `table` (a tensor, or None where it is not known; `name`: the model's, where
+        read) that op `what` looked up at `index`. Made of the ids as much as the ids are: where they are integers
+        (or may be), ids remapped (`a(self.remap[ids])`), which reach a table as values wok does not follow (not
+        checked, and no bound: `remap`'s rows say nothing of which ids fail `a`); where floats, they are `values`,
+        followed to a cast to an integer (`a(emb(ids).long())`), and are no ids nor positions before one."""
+        inputs = self.inputs_of(index)
+        if not inputs:
+            return
+        dtype = table.dtype if isinstance(table, torch.Tensor) else None
+        shown = f"{what} ({name})" if name else what
+        if dtype is not None and (dtype.is_floating_point or dtype.is_complex):
+            how = f"the {_short(dtype)} values of {shown}"
+            for o in outs:
+                self.values[o] = {**dict.fromkeys(inputs, how), **self.values.get(o, {})}
+            return
+        held = f"{_short(dtype)} values" if dtype is not None else "values, of a dtype not known at load,"
+        how = f"the {held} of {shown}, which wok does not follow"
+        for o in outs:
+            self.mixed[o] = {**dict.fromkeys(inputs, how), **self.mixed.get(o, {})}
+            if dtype is not None and _most(dtype) >= 0:
+                self.integer[o] = dtype  # `self.remap[ids] % 100` is within 100 all the same
+
 
 def id_ranges(model, order: list[str], dtypes: dict[str, torch.dtype]) -> IdRanges:
     """The embedding tables each integer input of `model` reaches (module docstring). `model`: a torch.export
@@ -540,10 +602,16 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
     user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     names = dict(zip(user, order))
     tables = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    # The model's names of its parameters and buffers (`remap`), by their placeholders'.
+    targets = {s.arg.name: s.target for s in program.graph_signature.input_specs if hasattr(s.arg, "name")}
 
     def table(node) -> torch.Tensor | None:
         val = getattr(node, "meta", {}).get("val")
         return val if kinds.get(getattr(node, "name", None)) in tables and isinstance(val, torch.Tensor) else None
+
+    def looked_up(outs, index, what: str, weight) -> None:
+        held = getattr(weight, "meta", {}).get("val")
+        walk.table_values(outs, index, what, held, targets.get(getattr(weight, "name", None)) or "")
 
     for node in program.graph.nodes:
         if node.op == "placeholder":
@@ -566,13 +634,17 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             ins = [a for a in ins if a is not index]
             walk.derive([node], ins, op)
             _program_writes(walk, node, op, ins)
+            if looks_up:  # the table's values at the ids, written into `out`
+                looked_up([node, *walk.sharing(node.kwargs["out"])], index, f"{op} of a parameter", node.args[0])
         elif op in EMBEDDING_SCHEMAS and len(node.args) > 1:
             partial = "" if _schema_arg(node, "include_last_offset") in (None, False) else _LAST_OFFSET
             walk.lookup(node.args[1], _looked_up_rows(node), op, partial=partial)
             walk.derive([node], [a for a in ins if a is not node.args[1]], op, reads=False)
+            looked_up([node], node.args[1], op, node.args[0])
         elif looks_up:
             walk.lookup(node.args[2], _rows_of(table(node.args[0]), embedding=False), f"{op} of a parameter")
             walk.derive([node], [a for a in ins if a is not node.args[2]], op, reads=False)
+            looked_up([node], node.args[2], f"{op} of a parameter", node.args[0])
         elif op == _INDEX and len(node.args) == 2 and table(node.args[0]) is not None and _one_index(node.args[1]):
             index = node.args[1][0]
             val = index.meta.get("val")
@@ -582,6 +654,7 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             rows = _rows_of(table(node.args[0]), embedding=False)
             walk.lookup(index, rows, f"{op} (table[ids]) of a parameter", wraps=True)
             walk.derive([node], [a for a in ins if a is not index], op, reads=False)
+            looked_up([node], index, f"{op} (table[ids]) of a parameter", node.args[0])
         elif op == "aten::view" and len(node.args) > 1 and isinstance(node.args[1], torch.dtype):
             walk.reinterpret(node, node.args[0], node.args[1], op)
         elif op.removesuffix("_") in _KEEPS and node.args:  # `mask.unsqueeze_(-1)` as well
@@ -755,11 +828,15 @@ class _Script:
                 # Its result is the tensor given (`torch.index_select(x, 0, pos, out=ids)` changes the ids): not
                 # followed as ids, and what it writes read from its schema. A lookup is one all the same: of the ids
                 # as they come, a table's rows written into `out`.
-                if self.table_index(node, kind, ins):
+                looks_up = self.table_index(node, kind, ins)
+                index = ins[2] if looks_up else None
+                if looks_up:
                     rows = _rows_of(self.object(ins[0]), embedding=False)
-                    walk.lookup(ins[2], rows, f"{kind} of a parameter", conditional)
-                    ins = [v for v in ins if v is not ins[2]]
-                self.unfollowed(node, kind, ins, outs)
+                    walk.lookup(index, rows, f"{kind} of a parameter", conditional)
+                self.unfollowed(node, kind, [v for v in ins if v is not index], outs)
+                if looks_up:  # the table's values at the ids, written into `out`
+                    shared = [*outs, *walk.sharing(node.namedInput("out"))]
+                    self.looked_up(shared, index, f"{kind} of a parameter", ins[0])
             elif kind == "prim::If":
                 self.branch(node, ins, outs, conditional)
             elif list(node.blocks()):
@@ -772,10 +849,12 @@ class _Script:
                 partial = "" if self.last_offset(node) is False else _LAST_OFFSET
                 walk.lookup(ins[1], _rows_of(self.object(ins[0])), kind, conditional, partial=partial)
                 walk.derive(outs, ins[2:], kind, reads=False)
+                self.looked_up(outs, ins[1], kind, ins[0])
             elif self.table_index(node, kind, ins):
                 rows = _rows_of(self.object(ins[0]), embedding=False)
                 walk.lookup(ins[2], rows, f"{kind} of a parameter", conditional)
                 walk.derive(outs, ins[:2], kind, reads=False)
+                self.looked_up(outs, ins[2], f"{kind} of a parameter", ins[0])
             elif kind == _INDEX and isinstance(self.object(ins[0]), torch.Tensor) and self._one_index(ins[1]):
                 index = ins[1].node().inputsAt(0)
                 if walk.mask(index):
@@ -783,6 +862,7 @@ class _Script:
                     continue
                 rows = _rows_of(self.object(ins[0]), embedding=False)
                 walk.lookup(index, rows, f"{kind} (table[ids]) of a parameter", conditional, wraps=True)
+                self.looked_up(outs, index, f"{kind} (table[ids]) of a parameter", ins[0])
             elif kind.removesuffix("_") in _KEEPS:
                 walk.keep(outs[0], ins[0], via=kind)
             elif kind in (_INDEX, _INDEX_SELECT):
@@ -807,6 +887,15 @@ class _Script:
                 walk.keep(outs[0], ins[0], want, kind, read=read)
             else:
                 self.unfollowed(node, kind, ins, outs)
+
+    def looked_up(self, outs, index, what: str, table) -> None:
+        """`outs` hold the values of the tensor `table` (a value of the graph) at `index` (`_Walk.table_values`)."""
+        path = []
+        node = table.node()
+        while node.kind() == "prim::GetAttr":  # `self.a.weight`: a.weight
+            path.insert(0, node.s("name"))
+            node = node.inputsAt(0).node()
+        self.walk.table_values(outs, index, what, self.object(table), ".".join(path))
 
     def table_index(self, node, kind: str, ins: list) -> bool:
         """Whether a node is `index_select(table, 0, ids)` of a parameter or buffer."""
@@ -1022,6 +1111,7 @@ def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: li
         partial = _LAST_OFFSET if getattr(sub, "include_last_offset", False) else ""
         walk.lookup(index, rows[0], f"the {type(sub).__name__} module", partial=partial)
         walk.derive([node], [a for a in ins if a is not index], type(sub).__name__, reads=False)
+        walk.table_values([node], index, f"the {type(sub).__name__} module", sub.weight, f"{node.target}.weight")
     else:
         # A leaf of torch.nn whose code is not read (a quantized embedding's): it may look its inputs up. Its result
         # may be its input itself or a view of it (nn.Identity, nn.Dropout in eval, nn.Flatten); with inplace=True
@@ -1070,6 +1160,9 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         if table is not None:  # a lookup all the same: of the ids as they come, a table's rows written into `out`
             walk.lookup(index, _rows_of(table, embedding=False), "index_select of a parameter")
         _fx_unfollowed(walk, node, name, shown, [a for a in ins if a is not index])
+        if table is not None:
+            shared = [node, *walk.sharing(node.kwargs["out"])]
+            walk.table_values(shared, index, "index_select of a parameter", table, _fx_arg(node, 0, "input").target)
     elif target is torch.nn.functional.embedding or target is torch.nn.functional.embedding_bag:
         index = _fx_arg(node, 0, "input")
         table = _fx_arg(node, 1, "weight")
@@ -1080,10 +1173,13 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             partial = "" if last is False else _LAST_OFFSET
         walk.lookup(index, _rows_of(_fx_tensor(traced, table)), f"F.{shown}", partial=partial)
         walk.derive([node], [a for a in ins if a is not index], shown, reads=False)
+        held = _fx_tensor(traced, table)
+        walk.table_values([node], index, f"F.{shown}", held, table.target if held is not None else "")
     elif (looked := _fx_table_index(traced, node, name))[0] is not None:
         table, index = looked
         walk.lookup(index, _rows_of(table, embedding=False), "index_select of a parameter")
         walk.derive([node], [a for a in ins if a is not index], name, reads=False)
+        walk.table_values([node], index, "index_select of a parameter", table, _fx_arg(node, 0, "input").target)
     elif (
         name in _FX_INDEX
         and len(args) == 2
@@ -1095,6 +1191,7 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             return
         table = _fx_tensor(traced, args[0])
         walk.lookup(args[1], _rows_of(table, embedding=False), "table[ids] of a parameter", wraps=True)
+        walk.table_values([node], args[1], "table[ids] of a parameter", table, args[0].target)
     elif name == "view" and args and (dtype := _fx_view_dtype(node)) is not None:
         walk.reinterpret(node, args[0], dtype, name)
     elif name is not None and name.removesuffix("_") in _FX_KEEPS and args:

@@ -1125,3 +1125,94 @@ def test_ids_written_by_a_lookup_given_out_are_not_checked():
         assert (found.bounds, found.rows, found.least) == ({}, {}, {}), kind
         op = "index_select" if kind == "python" else "aten::index_select"
         assert found.unclear == {"ids": f"{op} with out= changes its ids in place, which wok does not follow"}, kind
+
+
+class Remapped(nn.Module):
+    """`remap` (a buffer of integers, 80 rows) takes id i to i + 60, which `a` (100 rows) looks up: ids from 40 to
+    79, below remap's rows, fail a. `f` holds the same values as floats."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.register_buffer("remap", torch.arange(80) + 60)
+        self.register_buffer("remap_weight", (torch.arange(80) + 60).unsqueeze(1))
+        self.f = nn.Embedding(80, 1)
+        with torch.no_grad():
+            self.f.weight.copy_(self.remap_weight)
+
+
+class RemapIndexed(Remapped):
+    def forward(self, ids):
+        return self.a(self.remap[ids])
+
+
+class RemapSelected(Remapped):
+    def forward(self, ids):
+        return self.a(torch.index_select(self.remap, 0, ids.flatten()))
+
+
+class RemapEmbedded(Remapped):  # F.embedding of an integer weight
+    def forward(self, ids):
+        return self.a(torch.nn.functional.embedding(ids, self.remap_weight).squeeze(-1))
+
+
+class RemapAndDirect(Remapped):  # ids reach a as they are too
+    def forward(self, ids):
+        return self.a(self.remap[ids]) + self.a(ids)
+
+
+class RemapSelectedInto(Remapped):  # remap's values written into a tensor given as out=
+    def forward(self, ids):
+        buf = torch.zeros(ids.numel(), dtype=torch.long)
+        torch.index_select(self.remap, 0, ids.flatten(), out=buf)
+        return self.a(buf)
+
+
+class FloatsCast(Remapped):  # a float table's values cast to ids
+    def forward(self, ids):
+        return self.a(self.f(ids).squeeze(-1).long())
+
+
+def test_the_values_of_a_table_that_reach_another_table_leave_no_bound():
+    """The result of a lookup was taken as holding no ids: each was published bound 80, remap's (or f's) rows, and
+    ids 40 to 79 fail a. remap's rows still fail ids from 80 on, so the server's check stands."""
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    cases = {
+        RemapIndexed: "remap",
+        RemapSelected: "remap",
+        RemapEmbedded: "remap_weight",
+        RemapAndDirect: "remap",
+        RemapSelectedInto: "remap",
+        FloatsCast: "f.weight",
+    }
+    for cls, table in cases.items():
+        module = cls().eval()
+        assert module(torch.full((1, 3), 39)).shape[-1] == 4, cls.__name__
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), 40))
+        for kind, model in _forms(module, example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows) == ({}, {"ids": 80}), (cls.__name__, kind)
+            why = found.unpublished["ids"]
+            assert "values of " in why and f"({table})" in why and why.endswith("which wok does not follow"), why
+
+
+class RemapHashed(Remapped):  # remap's values `% 100`: within a's rows whatever they are
+    def forward(self, ids):
+        summed = self.f(ids).squeeze(-1).mul(2).relu().sum(-1, keepdim=True)
+        return self.a(self.remap[ids] % 100) + self.a(summed.long() % 100)
+
+
+class FloatsOn(Remapped):  # a float table's values through layers, no cast: no ids
+    def forward(self, ids):
+        return torch.nn.functional.layer_norm(self.f(ids) * 2, (1,)) + self.a(ids)
+
+
+def test_the_values_of_a_table_within_another_tables_rows_or_never_cast_keep_the_bound():
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    for cls, bound in ((RemapHashed, 80), (FloatsOn, 80)):
+        module = cls().eval()
+        assert module(torch.full((1, 3), 79)).shape[-1] == 4, cls.__name__
+        for kind, model in _forms(module, example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows) == ({"ids": bound}, {"ids": bound}), (cls.__name__, kind)
