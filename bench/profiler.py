@@ -675,6 +675,7 @@ def _draws(gen: PayloadGenerator, n: int, count: int) -> Iterator[dict[str, np.n
         except (MemoryError, ValueError) as exc:  # numpy: no memory, or more elements than it counts
             raise PoolUnmade(exc, count) from exc
         yield request
+        del request  # else this frame held a request the pool dropped while the next was made
 
 
 def keyed_pool(
@@ -691,19 +692,26 @@ def keyed_pool(
     draws alone set how often each key is taken.
 
     The requests held are capped at `cap_bytes` (by default POOL_CAP_BYTES, the bench's cap of its own pool),
-    one of each key at least: a request past the cap is counted to its key (`KeyedPool.counts`) and not kept,
-    its key's batches taking its held requests in turn. Uncapped, max(256, 4·largest n) requests of a few MB
+    one of each key at least: the draws are held up to the first that would pass the cap; from it on a request is
+    counted to its key (`KeyedPool.counts`) and not kept, but for a key's first, its key's batches taking its held
+    requests in turn. Uncapped, max(256, 4·largest n) requests of a few MB
     each were held whole: past the machine's memory, with overcommit, the pool's pages were the OOM killer's
     to find, where one batch of them ran."""
     most_draws = FILL_DRAWS if most_draws is None else most_draws
     cap_bytes = POOL_CAP_BYTES if cap_bytes is None else cap_bytes
     gen = _generator(servable, cfg)
     pool = KeyedPool([], [], {}, counts={})
+    full = False  # a request was past the cap: from then on a key's first alone is held
 
     def take(request: dict[str, np.ndarray], key: Hashable) -> None:
+        nonlocal full
         pool.counts[key] = pool.counts.get(key, 0) + 1
         nbytes = request_bytes(request)
-        if key not in pool.groups or pool.held_bytes + nbytes <= cap_bytes:
+        full = full or pool.held_bytes + nbytes > cap_bytes
+        # The draws up to the first past the cap, as the bench's pool keeps them (`plan_pool`): a smaller request
+        # after it, held while larger ones were not, drew the held requests of a key of several sizes (a length
+        # bucket, BYTES strings) towards its shortest, its batches' times with them (2026-12-06).
+        if key not in pool.groups or not full:
             pool.groups.setdefault(key, []).append(len(pool.requests))
             pool.requests.append(request)
             pool.held_bytes += nbytes
@@ -712,6 +720,7 @@ def keyed_pool(
         key = servable.batch_key(request)
         pool.keys.append(key)
         take(request, key)
+        del request  # not held while the next is made, where the pool dropped it
     wanted = {key: largest - k for key, k in pool.counts.items() if k < largest}
     while wanted and pool.extra_draws < most_draws:
         chunk = min(FILL_CHUNK, most_draws - pool.extra_draws)
@@ -723,6 +732,7 @@ def keyed_pool(
                 wanted[key] -= 1
                 if not wanted[key]:
                     del wanted[key]
+            del request
     return pool
 
 
@@ -765,8 +775,9 @@ def warmed_executor(
     refuses is not profiled where the timed sizes would have passed.
 
     Left by a Ctrl-C (a KeyboardInterrupt, or any BaseException but an Exception), the model may be in a batch still:
-    the shutdown waits for it at most `wait_s` (as the server's start does, STARTCUT57), and a model still in one
-    then is raised as ModelStillRunning: the process cannot end as usual, Python joining the model's thread at exit.
+    the shutdown waits for it at most `wait_s` (as the server's start does, STARTCUT57) or until a second Ctrl-C, and
+    a model still in one then is raised as ModelStillRunning: the process cannot end as usual, Python joining the
+    model's thread at exit.
     A model that raised has ended its batch: the shutdown waits for the threads' exit."""
     executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)), cpu_linear=cfg.cpu_linear)
     try:
@@ -776,26 +787,32 @@ def warmed_executor(
         executor.shutdown()
         raise
     except BaseException as exc:
-        if not _shut_down_within(executor, wait_s):
-            raise ModelStillRunning(
-                f"model '{servable.name}' was still running a batch {wait_s:g} s after it; not waited for"
-            ) from exc
+        left = _shut_down_within(executor, wait_s)
+        if left is not None:
+            still = f"model '{servable.name}' was still running a batch {left}; not waited for"
+            raise ModelStillRunning(still) from exc
         raise
     else:
         executor.shutdown()
 
 
-def _shut_down_within(executor: Executor, wait_s: float) -> bool:
+def _shut_down_within(executor: Executor, wait_s: float) -> str | None:
     """`executor.shutdown()` (which waits for a running batch) on a daemon thread of its own, waited for at most
-    `wait_s`: whether it ended. A daemon, so that one left waiting on a stuck batch does not hold the exit itself."""
+    `wait_s`, or until a second Ctrl-C: None where it ended, else when it was left ("1 s after it", "at a second
+    Ctrl-C"). A daemon, so that one left waiting on a stuck batch does not hold the exit itself."""
     ended = threading.Event()
 
     def shut() -> None:
         executor.shutdown()
         ended.set()
 
-    threading.Thread(target=shut, name="wok-profile-shutdown", daemon=True).start()
-    return ended.wait(wait_s)
+    try:
+        threading.Thread(target=shut, name="wok-profile-shutdown", daemon=True).start()
+        return None if ended.wait(wait_s) else f"{wait_s:g} s after it"
+    except KeyboardInterrupt:
+        # A second Ctrl-C in the wait (a user's second press): raised from here as it was, until 2026-12-06, it left
+        # the model's thread to Python's exit, which joined it, a stuck model's for good.
+        return None if ended.is_set() else "at a second Ctrl-C"
 
 
 def time_batches(

@@ -853,8 +853,14 @@ class Ramp:
         return max(planned, earliest), late
 
     def _collect(self, workers: WorkerPool, start: float):
+        from rich.console import Console
+
         total = self.cfg.warmup_s + self.cfg.step_duration_s
-        if not sys.stderr.isatty():
+        # The bar on stderr, where the step lines go: on stdout (the table's, a file's where redirected) it drew
+        # nothing off a terminal and its stop wrote an empty line there, one a step, before the table (until
+        # 2026-12-06). A terminal that draws no bar (TERM=dumb) gets the plain lines.
+        console = Console(stderr=True)
+        if not (sys.stderr.isatty() and console.is_interactive):
             # No live bar in a log (nohup, CI, a pipe), but a long step (a soak) must still show
             # it is running: plain lines (plain_progress_every).
             label = self._step_label
@@ -869,7 +875,8 @@ class Ramp:
             return workers.finish(on_tick=plain_tick)
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), transient=True) as bar:
+        columns = (TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("step", total=total)
 
             def tick() -> None:
