@@ -726,6 +726,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise _ModelRaised(exc) from exc
         try:
             outputs = await p.future
+        except GeneratorExit:
+            # Its coroutine closed as it waits (its task destroyed): no caller is left, as for a cancel, and a
+            # request left queued would run for nobody. Nothing more may be awaited here: the close goes on.
+            rt.batcher.withdraw(p)
+            raise
         except asyncio.CancelledError:
             if p.future.done() and not p.future.cancelled() and p.future.exception() is None:
                 # Cancelled with its answer already made: the batcher counted it in the stage

@@ -183,3 +183,25 @@ async def test_a_handlers_failure_line_shows_the_clients_model_name_escaped_and_
         "ModelInfer for model 'evil\\n\\x1b[31mname' failed",
         f"ModelInfer for model 'evil{'x' * 196}'… (100,004 characters in all) failed",
     ]
+
+
+async def test_a_handler_closed_as_it_waits_for_its_batch_withdraws_its_request():
+    # Its CancelledError branch withdrew the request; a close (GeneratorExit) left it queued, and its batch ran for
+    # nobody, with the next request's samples: the model's time spent, and ModelStatistics counted a sample no one got.
+    s = Servable(four_wide_config("closed", dynamic_batching={"max_queue_delay_ms": 50.0}), nn.Identity())
+    async with served(s) as (server, stub):
+        rt = server.runtime("closed")
+
+        async def close_as_it_waits() -> None:
+            handler = server.service.ModelInfer(request(1.0, model="closed"), _TimeLeft())
+            assert isinstance(handler.send(None), asyncio.Future)  # run to its wait for the batch's answer
+            assert rt.batcher.queued == 1
+            handler.close()
+
+        await asyncio.get_running_loop().create_task(close_as_it_waits())
+        assert (rt.batcher.queued, rt.batcher.inflight) == (0, 0)
+        # The next request's batch is its own alone (the closed one, queued first, ran in or before it).
+        out = await stub.ModelInfer(request(2.0, model="closed"), timeout=10)
+        np.testing.assert_array_equal(np.frombuffer(out.raw_output_contents[0], "<f4"), np.full(4, 2.0, np.float32))
+        assert (rt.stats.inference_count, rt.stats.execution_count) == (1, 1)
+        assert rt.metrics.responses == {"CANCELLED": 1, "OK": 1}
