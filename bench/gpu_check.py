@@ -13,10 +13,11 @@ What it checks, on --device (default cuda:0; `auto` as the server reads it, refu
     CPU's answers (rtol 1e-3, TF32 allowed) and the mean batch size.
 Exits 1 when a check fails; when the server's stop gives up on a model thread still running a batch (or a
 start cancelled, a Ctrl-C, leaves one loading or warming up), at once, its figures unreported, as `wok serve`
-exits then (Python's exit would wait for that thread); and when --json cannot be written at the end (the
-figures are then kept in a temporary wok-bench-*.json, named on stderr). `--device cpu` runs the same steps
-without a GPU, as a dry run of the script itself (no overlap or pinning is expected there); give
-it small sizes, as the default model takes over half an hour on a CPU:
+exits then (Python's exit would wait for that thread), the error that ended the check, if one did, printed first;
+on a second Ctrl-C in the server check, at once, as `wok serve` does on a second signal; and when --json cannot be
+written at the end (the figures are then kept in a temporary wok-bench-*.json, named on stderr). `--device cpu`
+runs the same steps without a GPU, as a dry run of the script itself (no overlap or pinning is expected there);
+give it small sizes, as the default model takes over half an hour on a CPU:
 
     python bench/gpu_check.py --device cpu --hidden 512 --layers 1 --rows 64 --batches 10
 """
@@ -27,9 +28,12 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -127,22 +131,64 @@ async def serving(servable, grace: float = 10.0):
         await server.start()
         yield server
     finally:
-        await server.stop(grace=grace)
-        if server.abandoned_work:
+        try:
+            await server.stop(grace=grace)
+        finally:
             # Read as `wok serve` reads it (its _exit_if_held): unread, the script reported on a server whose model
-            # still ran, and Python's exit then waited for that thread.
-            raise LeftRunning(f"the server gave model '{servable.name}' up, still running on its thread, as it stopped")
+            # still ran, and Python's exit then waited for that thread. Read when the stop raised too: it gives a
+            # model up before it raises a failure of its other steps. Raised over the block's error or the stop's,
+            # its __context__ (which _exit_if_left_running says).
+            if server.abandoned_work:
+                raise LeftRunning(
+                    f"the server gave model '{servable.name}' up, still running on its thread, as it stopped"
+                )
 
 
 async def _exit_if_left_running(check):
     """`check`'s result; on LeftRunning, said, and the process left through os._exit(1) at once, from inside the
     loop: asyncio.run's end waits for the loop's pool threads, which a load or a warm-up given up on still holds
-    (a Ctrl-C's: the script left only when the model's step ended)."""
+    (a Ctrl-C's: the script left only when the model's step ended). The error it was raised over (the check's own,
+    its server's stop's) is printed first: only the LeftRunning line was, and the failure that ended the check went
+    unsaid. A second Ctrl-C leaves at once too (_second_ctrl_c_exits)."""
+    with _second_ctrl_c_exits():
+        try:
+            return await check
+        except LeftRunning as exc:
+            before = exc.__context__
+            if before is not None and not isinstance(before, asyncio.CancelledError):  # not a Ctrl-C's cancellation
+                traceback.print_exception(before, file=sys.stderr)
+            print(f"gpu_check: {exc}; exiting without a report", file=sys.stderr, flush=True)
+            os._exit(1)
+
+
+@contextlib.contextmanager
+def _second_ctrl_c_exits():
+    """While in the block (on the main thread, SIGINT handled there): the first Ctrl-C goes to the handler in place
+    (asyncio.run's, which cancels the check), a second one leaves the process at once through os._exit(1), saying
+    so, as `wok serve`'s second signal does. asyncio.run's own raised KeyboardInterrupt out of the loop, past the
+    os._exit of a start given up, and asyncio.run's end then waited for the thread of that model's load or warm-up."""
+    first = signal.getsignal(signal.SIGINT)
+    if not callable(first) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupted = False
+
+    def on_sigint(signum, frame) -> None:
+        nonlocal interrupted
+        if interrupted:
+            # os.write: print's buffered stream may be in use by the code the signal interrupted.
+            os.write(2, b"gpu_check: a second Ctrl-C; exiting at once, without a report\n")
+            os._exit(1)
+        interrupted = True
+        first(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
     try:
-        return await check
-    except LeftRunning as exc:
-        print(f"gpu_check: {exc}; exiting without a report", file=sys.stderr, flush=True)
-        os._exit(1)
+        yield
+    finally:
+        # asyncio.run puts the default back only where its own handler is the one in place.
+        if signal.getsignal(signal.SIGINT) is on_sigint:
+            signal.signal(signal.SIGINT, first)
 
 
 async def server_check(device: str) -> dict:

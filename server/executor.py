@@ -1117,12 +1117,20 @@ class Executor:
         self.instances = []
         self._lost: dict[str, str] = {}  # the devices lost to a device-side error (Instance.lost)
         taken: set[torch.device] = set()
-        for i in range(cfg.count):
-            device = devices[i % len(devices)]
-            depth = cfg.pipeline_depth or 2
-            first = device not in taken
-            taken.add(device)
-            self.instances.append(Instance(servable, i, device, depth, cpu_linear, self._lost, first))
+        try:
+            for i in range(cfg.count):
+                device = devices[i % len(devices)]
+                depth = cfg.pipeline_depth or 2
+                first = device not in taken
+                taken.add(device)
+                self.instances.append(Instance(servable, i, device, depth, cpu_linear, self._lost, first))
+        except BaseException:
+            # An instance failed to build (its module's move or copy, a CUDA stream; a BaseException too: a Ctrl-C
+            # lands here where the bench tools build an executor on the main thread): nobody gets this executor to
+            # shut down, so those built before it are shut down here, their pools closed (they start no thread
+            # before a batch) and their fault states stopped.
+            self.shutdown()
+            raise
 
     def devices_lost(self) -> dict[str, bool]:
         """Each of the model's devices, and whether a device-side error made it unusable (Instance.lost)."""

@@ -84,6 +84,36 @@ async def _cancel_a_start_stuck_in_its_warm_up(gpu_check) -> None:
         await _join("wok-stuck-shutdown")
 
 
+async def _stop_raising_as_it_gives_a_model_up(gpu_check, monkeypatch) -> None:
+    servable, module = gated_servable(max_batch_size=1, name="stuck", enter_when_closed=True)
+    loop = asyncio.get_running_loop()
+    refused = RuntimeError("test: the failure log's stop failed")
+
+    def refuse() -> None:
+        raise refused
+
+    try:
+        with pytest.raises(gpu_check.LeftRunning) as raised:
+            async with gpu_check.serving(servable, grace=0.2) as server:
+                monkeypatch.setattr(server.runtime("stuck").batcher.failures, "stop", refuse)
+                module.gate.clear()
+                pending = server.runtime("stuck").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+                assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached the model"
+        # The stop's error is what the LeftRunning was raised over, which main prints with it.
+        assert raised.value.__context__ is refused
+        pending.future.exception()
+    finally:
+        module.gate.set()
+        await _join("wok-stuck-shutdown")
+
+
+def test_a_stop_that_raises_as_it_gives_a_model_up_is_told_not_reported_on(monkeypatch):
+    """The stop gives the stuck model up (abandoned_work), then raises a failure of another of its steps: that
+    error came out of serving, abandoned_work unread, and main went on to Python's exit, which waited for the
+    model's thread. Now LeftRunning, raised over the stop's error."""
+    asyncio.run(_stop_raising_as_it_gives_a_model_up(_gpu_check(), monkeypatch))
+
+
 async def _join(name: str) -> None:
     for t in threading.enumerate():
         if t.name == name:
@@ -399,11 +429,11 @@ def test_the_sessions_mlp_repository_is_the_demo_model_on_the_device_it_names(tm
 # saying so, for the test to Ctrl-C it then (SIGINT from outside: a kill from the model's own thread went to that
 # thread at times, which left the loop's thread asleep in its poll until the model's step ended).
 STUCK_MAIN = """
-import importlib.util, sys, threading, torch
+import importlib.util, logging, signal, sys, threading, torch
 spec = importlib.util.spec_from_file_location("gpu_check", sys.argv[1])
 gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
-where, stuck_s = sys.argv[2], float(sys.argv[3])
+where, stuck_s, ctrl_c = sys.argv[2], float(sys.argv[3]), sys.argv[4]
 
 
 class Stuck(torch.nn.Module):
@@ -434,18 +464,34 @@ def build_demo(name, **options):
     return servable
 
 
+# Says each of wok's log lines, as Python's last-resort handler does, and on the one saying the start gave the model
+# up, Ctrl-Cs the process again, there on the loop's thread (raise_signal: to the calling thread).
+class SecondCtrlC(logging.Handler):
+    def emit(self, record):
+        print(record.getMessage(), file=sys.stderr, flush=True)
+        if record.getMessage().endswith(" as the start ended"):
+            signal.raise_signal(signal.SIGINT)
+
+
 demo, gpu_check.build_demo = gpu_check.build_demo, build_demo
-sys.exit(gpu_check.main(sys.argv[4:]))
+if ctrl_c == "twice":
+    logging.getLogger("wok").addHandler(SecondCtrlC())
+sys.exit(gpu_check.main(sys.argv[5:]))
 """
 STUCK_S = 30.0
 
 
+@pytest.mark.parametrize("ctrl_c", ["once", "twice"])
 @pytest.mark.parametrize("where", ["load", "warm-up"])
-def test_a_ctrl_c_in_the_server_checks_start_leaves_at_once(tmp_path, where):
+def test_a_ctrl_c_in_the_server_checks_start_leaves_at_once(tmp_path, where, ctrl_c):
     """A Ctrl-C while the server check's model loads or warms up: the start gives the model up after a second
     (LeftRunning), and main's os._exit came only after asyncio.run had ended, whose end waits for the loop's pool
     threads, that load's or warm-up's among them: the script left when the model's step did, however long (here
-    STUCK_S), not at once as it says. Now left inside the loop."""
+    STUCK_S), not at once as it says. Now left inside the loop.
+
+    `twice`: a second Ctrl-C as the start gives the model up. asyncio.run's handler raised KeyboardInterrupt out of
+    the loop, past that os._exit, and asyncio.run's end then waited for the model's step again. Now it leaves at
+    once, as `wok serve` on a second signal."""
     import signal
     import subprocess
     import sys
@@ -454,7 +500,7 @@ def test_a_ctrl_c_in_the_server_checks_start_leaves_at_once(tmp_path, where):
     script = tmp_path / "stuck_main.py"
     script.write_text(STUCK_MAIN)
     out = tmp_path / "gc.json"
-    args = [str(ROOT / "bench" / "gpu_check.py"), where, str(STUCK_S), *CPU_DRY_RUN.split(), "--json", str(out)]
+    args = [str(ROOT / "bench" / "gpu_check.py"), where, str(STUCK_S), ctrl_c, *CPU_DRY_RUN.split(), "--json", str(out)]
     proc = subprocess.Popen([sys.executable, str(script), *args], stderr=subprocess.PIPE, text=True)
     try:
         said = []
@@ -473,9 +519,69 @@ def test_a_ctrl_c_in_the_server_checks_start_leaves_at_once(tmp_path, where):
         proc.wait()
     assert took < 10.0, f"gpu_check left {took:.1f} s after its Ctrl-C (the model stuck for {STUCK_S:.0f} s)"
     step = "loading" if where == "load" else "running a batch"
-    assert said[-2:] == [
-        f"model 'mlp' is still {step} as the start ended\n",
-        "gpu_check: the server gave model 'mlp' up, still running on its thread, as it stopped; exiting without a "
-        "report\n",
-    ], "".join(said)[-3000:]
+    left = {
+        "once": "gpu_check: the server gave model 'mlp' up, still running on its thread, as it stopped; exiting "
+        "without a report\n",
+        "twice": "gpu_check: a second Ctrl-C; exiting at once, without a report\n",
+    }
+    assert said[-2:] == [f"model 'mlp' is still {step} as the start ended\n", left[ctrl_c]], "".join(said)[-3000:]
     assert not out.exists()
+
+
+# Runs a server check of the script's own (`_exit_if_left_running` of a block in `serving`, as main's) whose model is
+# stuck in a batch for STUCK_S, and whose block then raises: the stop gives the model up.
+STUCK_CHECK = """
+import asyncio, importlib.util, sys, threading, numpy as np, torch
+spec = importlib.util.spec_from_file_location("gpu_check", sys.argv[1])
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+stuck_s = float(sys.argv[2])
+entered = threading.Event()
+
+
+class Stuck(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        if x.any():  # a request's ones, not the warm-up's zeros
+            entered.set()
+            threading.Event().wait(stuck_s)
+        return self.inner(x)
+
+
+servable = gpu_check.build_demo("mlp")
+servable._module = Stuck(servable._module)
+
+
+async def check():
+    loop = asyncio.get_running_loop()
+    async with gpu_check.serving(servable, grace=0.2) as server:
+        server.runtime("mlp").batcher.submit({"INPUT0": np.ones((1, 256), np.float32)}, 1, None, None)
+        assert await loop.run_in_executor(None, entered.wait, 10), "the batch never reached the model"
+        raise ValueError("test: the check's own failure")
+
+
+asyncio.run(gpu_check._exit_if_left_running(check()))
+"""
+
+
+def test_the_error_that_ended_the_server_check_is_said_when_a_model_is_given_up(tmp_path):
+    """The server check raised, and the stop after it gave a model up: LeftRunning was raised over the check's error,
+    and only its line was printed, the failure that ended the check unsaid. Now printed first, with its traceback."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stuck_check.py"
+    script.write_text(STUCK_CHECK)
+    args = [str(ROOT / "bench" / "gpu_check.py"), str(STUCK_S)]
+    proc = subprocess.run([sys.executable, str(script), *args], stderr=subprocess.PIPE, text=True, timeout=STUCK_S)
+    said = proc.stderr.splitlines()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert said[-1] == (
+        "gpu_check: the server gave model 'mlp' up, still running on its thread, as it stopped; exiting without a "
+        "report"
+    ), proc.stderr[-3000:]
+    assert "ValueError: test: the check's own failure" in said, proc.stderr[-3000:]
+    assert said.index("ValueError: test: the check's own failure") < len(said) - 1

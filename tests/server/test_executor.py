@@ -516,6 +516,37 @@ def test_a_model_raising_a_base_exception_in_the_warm_up_fails_it_as_a_warm_up_e
     assert info.value.__cause__ is exc
 
 
+class CopyInterrupted(torch.nn.Linear):
+    """A module whose copy, which each later instance on its device runs (Servable.module_for_instance), raises
+    KeyboardInterrupt: a Ctrl-C landing as the second instance is built (the bench tools build executors on the
+    main thread). The copy's Exceptions are not raised: the instances then share the module."""
+
+    def __deepcopy__(self, memo):
+        raise KeyboardInterrupt
+
+
+def test_an_executor_failing_at_a_later_instance_shuts_down_the_instances_it_built():
+    # Nobody holds an executor whose construction raised: the instances built before the failing one were never
+    # shut down (their pools open, their fault states unstopped). On the CPU no worker thread starts before a batch,
+    # so none is left; on CUDA their streams are made at construction too.
+    import threading
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        Executor(_servable(CopyInterrupted(2, 2), "later"), InstanceConfig(count=3, devices=("cpu",)))
+    tb = info.value.__traceback__
+    while tb.tb_frame.f_code is not Executor.__init__.__code__:
+        tb = tb.tb_next
+    left = tb.tb_frame.f_locals["self"]
+    try:
+        (built,) = left.instances
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("wok-later-")]
+        with pytest.raises(RuntimeError, match=r"^cannot schedule new futures after shutdown$"):
+            built.submit([{"X": np.ones((1, 2), np.float32)}], [1], 0)
+        assert built.fault._stopped
+    finally:
+        left.shutdown()
+
+
 # What a batch on CUDA calls that may reach the CUDA runtime (a servable's assemble grows pinned buffers).
 CUDA_CALLS = {"_assemble", "Event", "stream", "record", "wait_event", "record_stream", "to", "forward", "copy_"}
 CUDA_CALLS |= {"synchronize", "elapsed_time"}
