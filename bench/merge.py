@@ -75,7 +75,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import NAME_CHARS, cut_message, shown_value
+from ..errors import shown_data
 from . import analysis
 from .histogram import LatencyHistogram
 
@@ -463,8 +463,7 @@ def _ratio(result: dict, name: str, key: str, default: float, expected: str) -> 
     `expected` and the value got."""
     value = result.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:  # NaN too
-        shown = shown_value(value) if isinstance(value, str) else cut_message(repr(value), NAME_CHARS)
-        raise ValueError(f"{name}: {key}: expected {expected}; got {shown}")
+        raise ValueError(f"{name}: {key}: expected {expected}; got {shown_data(value)}")
     return float(value)
 
 
@@ -585,7 +584,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(r), "a number")
             raise ValueError(f"{name}: expected a wok.bench result, a JSON object; got {got}")
         if r.get("schema") not in analysis.READ_SCHEMAS:
-            raise ValueError(f"{name}: expected schema {readable}; got {r.get('schema')!r}")
+            raise ValueError(f"{name}: expected schema {readable}; got {shown_data(r.get('schema'))}")
         if (r.get("config") or {}).get("source") != "bench":
             raise ValueError(f"{name}: only measured ramps (config.source 'bench') merge")
     schemas = {r["schema"] for r in results}

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..errors import quoted_name, shown_value
+from ..errors import quoted_name, shown_data, shown_value
 from ..numerals import SPACES, read_decimal
 from .arrivals import DURATION, parse_duration
 from .outputs import json_text, replacing
@@ -124,9 +124,9 @@ def exact(value, what: str) -> Fraction:
     if isinstance(value, Fraction):
         return value
     if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity
-        raise ValueError(f"{what}: expected a finite number; got {value!r}")
+        raise ValueError(f"{what}: expected a finite number; got {shown_data(value)}")
     if isinstance(value, (bool, float)):
-        raise ValueError(f"{what}: expected decimal text, not a binary float; got {value!r}")
+        raise ValueError(f"{what}: expected decimal text, not a binary float; got {shown_data(value)}")
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, Decimal):
@@ -539,7 +539,7 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     doc = _load_json(path, option)
     schema = doc.get("schema")
     if not (isinstance(schema, str) and schema.startswith("wok.profile/")):
-        raise ValueError(f"{option} {path}: expected schema 'wok.profile/1'; got {schema!r}")
+        raise ValueError(f"{option} {path}: expected schema 'wok.profile/1'; got {shown_data(schema)}")
     if schema != "wok.profile/1":
         raise ValueError(f"{option} {path}: schema {schema!r} is newer than the wok.profile/1 this planner reads")
     fit = doc.get("fit")
@@ -604,7 +604,7 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     file = f"{option} {path}"
     if doc.get("schema") not in RAMP_SCHEMAS:
         expected = " or ".join(map(repr, RAMP_SCHEMAS))
-        raise ValueError(f"{file}: expected schema {expected}; got {doc.get('schema')!r}")
+        raise ValueError(f"{file}: expected schema {expected}; got {shown_data(doc.get('schema'))}")
     best = doc.get("max_qps_under_slo")
     if best is None:
         raise ValueError(f"{file}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
@@ -669,7 +669,7 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     device = _object(doc.get("devices"), f"{file}: devices", optional=True).get(model)
     if device not in (None, "cpu", "gpu"):
         raise ValueError(
-            f"{file}: devices[{quoted_name(model)}]: expected 'cpu', 'gpu' or null; got {shown_value(device)}"
+            f"{file}: devices[{quoted_name(model)}]: expected 'cpu', 'gpu' or null; got {shown_data(device)}"
         )
     flushes = _object(step.get("flush_reasons"), f"{where}: flush_reasons", optional=True)
     slo = exact(_needed(doc, "slo_p99_ms", file), f"{file}: slo_p99_ms")

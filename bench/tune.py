@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import quoted_name
+from ..errors import quoted_name, shown_data
 from . import analysis
 from .analysis import ms_text as _ms
 from .payloads import integer_refusal
@@ -216,7 +216,7 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     """The `Profile` of a `wok.profile/1` document; a refusal starts with `where`. `source` (default
     `where`) is what the result records as the profile (`inputs.profile`)."""
     if doc.get("schema") != PROFILE_SCHEMA:
-        raise ValueError(f"{where}: expected schema {PROFILE_SCHEMA!r}; got {doc.get('schema')!r}")
+        raise ValueError(f"{where}: expected schema {PROFILE_SCHEMA!r}; got {shown_data(doc.get('schema'))}")
     try:
         fit = doc["fit"]
         alpha = _json_number(fit["alpha_s"], where, "fit.alpha_s", "a number of seconds")
@@ -322,7 +322,7 @@ def load_overhead(path: Path, what: str = "--overhead-samples") -> tuple[float, 
     """`wok tune --overhead-samples`'s file: its samples (s); every refusal names `what`, the path and the field."""
     doc = read_json(path, what)
     if doc.get("schema") != OVERHEAD_SCHEMA:
-        raise ValueError(f"{what} {path}: expected schema {OVERHEAD_SCHEMA!r}; got {doc.get('schema')!r}")
+        raise ValueError(f"{what} {path}: expected schema {OVERHEAD_SCHEMA!r}; got {shown_data(doc.get('schema'))}")
     samples = doc.get("samples_s")
     if samples is None or samples == []:
         # Said apart: both were "expected a wok.overhead/1 document with samples_s", of a document that had one.
@@ -371,7 +371,7 @@ def cpu_from_document(doc: dict, where: str = "CPU calibration") -> CpuStage:
     all), and `batch_alpha_s`/`batch_beta_s` together or neither (null: the profile's batch time).
     Each value a finite number ≥ 0; a refusal names `where` and the field."""
     if doc.get("schema") != CPU_SCHEMA:
-        raise ValueError(f"{where}: expected schema {CPU_SCHEMA!r}; got {doc.get('schema')!r}")
+        raise ValueError(f"{where}: expected schema {CPU_SCHEMA!r}; got {shown_data(doc.get('schema'))}")
 
     def value(key: str) -> float:
         # Checked here: a missing field read as 0 (0 cores: unbounded), and a NaN, an infinity or a negative
@@ -729,7 +729,7 @@ def busiest_step(profile: Profile, search: SearchConfig, grid: Sequence[tuple[in
     top, n, d = max(tops, key=lambda t: t[0])
     if not math.isfinite(top):
         # Batch times so short (1e-320 s) that n / E[T(n)] overflows: the search's rates were NaN, refused
-        # by the simulator as "qps must be a finite rate >= 0; got nan".
+        # by the simulator as "qps: expected a finite rate >= 0; got nan".
         raise ValueError(
             f"max_batch_size {n}, delay {1e3 * d:g} ms: its ceiling n / E[T(n)] by {_fit_words(profile, sampled, cpu)} "
             "is beyond a float: batch times this short cannot be simulated"

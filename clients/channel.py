@@ -273,10 +273,10 @@ def _is_ip(host: str) -> bool:
 def _host_port(target: str) -> tuple[str, int]:
     """(host, port) of one of several targets: "host:port" or "[v6]:port"."""
     if "/" in target or (target.count(":") != 1 and not target.startswith("[")):
-        raise ValueError(f"target {quoted_name(target)}: with several targets each must be host:port or [ipv6]:port")
+        raise ValueError(f"target: expected host:port or [ipv6]:port, as each of several is; got {quoted_name(target)}")
     parsed = split_host_port(target)
     if parsed is None:
-        raise ValueError(f"target {quoted_name(target)}: expected host:port")
+        raise ValueError(f"target: expected host:port; got {quoted_name(target)}")
     return parsed
 
 
@@ -557,7 +557,7 @@ def channel_credentials(tls: TLS | bool | None) -> grpc.ChannelCredentials | Non
     if tls is True:
         tls = TLS()
     if not isinstance(tls, TLS):
-        raise TypeError(f"tls must be a TLS, True, False or None; got {type(tls).__name__}")
+        raise TypeError(f"tls: expected a TLS, True, False or None; got {type(tls).__name__}")
     return tls.credentials()
 
 
@@ -721,6 +721,14 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
     if token is None:
         return None
     if not isinstance(token, str) or not _TOKEN.fullmatch(token):
-        # The token itself is never part of the message.
-        raise ValueError("the token must be a non-empty string of visible ASCII characters, without spaces")
+        # The token itself is never part of the message, nor any of its characters.
+        if not isinstance(token, str):
+            got = type(token).__name__
+        elif not token:
+            got = "an empty string"
+        else:
+            at = next(i for i, c in enumerate(token) if not _TOKEN.fullmatch(c))
+            got = f"a string of {len(token)} characters, the one at index {at} not visible ASCII"
+            got += " (the token is not shown)"
+        raise ValueError(f"token: expected a non-empty string of visible ASCII characters, without spaces; got {got}")
     return (("authorization", f"Bearer {token}"),)

@@ -55,9 +55,10 @@ _TOKEN_CHARS = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 _SPLIT = re.compile(r"[ \t,]+")
 DENIED_LOG_EVERY_S = 10.0  # at most one warning per this many seconds about refused calls
 
-MISSING = "this server requires a bearer token: send the metadata 'authorization: Bearer <token>'"
-MALFORMED = "the 'authorization' metadata must be 'Bearer <token>' (one entry, scheme Bearer)"
-REFUSED = "the bearer token was not accepted"
+# The metadata's value is never shown: it may hold a token.
+MISSING = "metadata 'authorization': expected 'Bearer <token>' (this server requires a bearer token); got none"
+MALFORMED = "metadata 'authorization': expected one entry, 'Bearer <token>' (scheme Bearer); got another form"
+REFUSED = "metadata 'authorization': expected a bearer token this server accepts; got another"
 
 
 # -- files ---------------------------------------------------------------------------------

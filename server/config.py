@@ -13,7 +13,7 @@ import re
 import sys
 import typing
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePath
 from typing import Literal
 
@@ -35,7 +35,7 @@ from pydantic import (
 from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import IDS_BOUND_PREFIX, MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
-from .errors import NAME_CHARS, ConfigError, cut_message, quoted_name, shown_value
+from .errors import NAME_CHARS, ConfigError, cut_message, quoted_name, shown_data, shown_value
 from .faults import MAX_QUEUE_DELAY_MS
 from .numerals import ascii_digits
 
@@ -644,13 +644,21 @@ def host_port(host: str, port: int) -> str:
 
 
 def _shown(value: object) -> str:
-    """A refused config value as a message shows it (errors.shown_value), but a path as the text it
-    names, quoted as a name is (its repr was PosixPath('...'), whole), and a list or a table cut past
-    NAME_CHARS (its repr was as long as it: a list of 20,000 numbers made a refusal of 129 KB)."""
+    """A refused model config value as a message shows it, in the file's words (errors.shown_data): a YAML
+    boolean true, not Python's True; a path as the text it names, quoted as a name is (its repr was
+    PosixPath('...'), whole)."""
     if isinstance(value, PurePath):
         return quoted_name(str(value))
-    if value is None:  # YAML's null (TOML has none): Python's None is no word of the file's
-        return "null"
+    return shown_data(value)
+
+
+def _shown_python(value: object) -> str:
+    """A refused server setting, given by Python code or an option parsed already, as a message shows it: as
+    Python writes it (errors.shown_value), but a path as the text it names, quoted as a name is (its repr was
+    PosixPath('...'), whole), and a list or a table cut past NAME_CHARS (a list of 20,000 numbers made a
+    refusal of 129 KB)."""
+    if isinstance(value, PurePath):
+        return quoted_name(str(value))
     if isinstance(value, (list, tuple, dict, set)):
         return cut_message(repr(value), NAME_CHARS)
     return shown_value(value)
@@ -706,10 +714,16 @@ def _unknown_hint(root: type[BaseModel], loc: tuple) -> str:
     return f"; {key} is {where}: in TOML, every key after a {header} header belongs to it (write {key} {fix})"
 
 
-def _describe(err: ValidationError, root: type[BaseModel] | None = None, names: Mapping[str, str] | None = None) -> str:
+def _describe(
+    err: ValidationError,
+    root: type[BaseModel] | None = None,
+    names: Mapping[str, str] | None = None,
+    shown: Callable[[object], str] = _shown,
+) -> str:
     """One line for all of `err`'s errors; `root`: the settings class validated, whose fields name
     what an unknown setting may have meant; `names`: what the caller's user calls a top-level field
-    (`wok serve`'s options), in its place."""
+    (`wok serve`'s options), in its place; `shown`: how a value got is written, in a file's words
+    (a model config's) or in Python's (the server settings')."""
     errors = err.errors()
     lines = []
     named_params = set()
@@ -742,7 +756,7 @@ def _describe(err: ValidationError, root: type[BaseModel] | None = None, names: 
             continue
         got = e.get("input")
         # A table given for another kind of value is named ("a table"), not shown: it may be long.
-        got_s = _a(got) if isinstance(got, dict) else _shown(got)
+        got_s = _a(got) if isinstance(got, dict) else shown(got)
         if e["type"] == "extra_forbidden":
             # pydantic's "Extra inputs are not permitted" reads as a word about a model's inputs. The key
             # is what is refused, so its value is said beside it rather than as what was got.
@@ -887,8 +901,8 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     if "name" not in data and not re.fullmatch(_MODEL_NAME, model_dir.name):
         # Else named as a setting the file does not have: "name: expected a model name of ...; got 'my model'".
         raise ConfigError(
-            f"{found[0]}: name: the model is named after its folder, {quoted_name(model_dir.name)}, which is not a "
-            "valid model name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"
+            f"{found[0]}: name: expected a model name of letters, digits, '_', '.' and '-' only (the config sets none, "
+            f"so its folder's: rename the folder, or set name in the config); got {quoted_name(model_dir.name)}"
         )
     data.setdefault("name", model_dir.name)
     batching = data.get("dynamic_batching")
@@ -906,5 +920,5 @@ def server_settings(options: Mapping[str, str] | None = None, **values) -> Serve
         return ServerSettings(**values)
     except ValidationError as exc:
         if options:
-            raise ConfigError(_describe(exc, ServerSettings, options)) from None
-        raise ConfigError(f"server settings: {_describe(exc, ServerSettings)}") from None
+            raise ConfigError(_describe(exc, ServerSettings, options, _shown_python)) from None
+        raise ConfigError(f"server settings: {_describe(exc, ServerSettings, shown=_shown_python)}") from None

@@ -7,6 +7,7 @@ what was got, because that is what a user needs to fix a request.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -329,6 +330,58 @@ def shown_value(value: object) -> str:
     """A value a refusal names: text as names are (`quoted_name`: quoted, escaped, cut), anything
     else (a number, a boolean, a list) as Python writes it."""
     return quoted_name(value) if isinstance(value, str) else repr(value)
+
+
+def shown_data(value: object) -> str:
+    """A value that came from a file or a JSON body (a config's, a trace's, a result's, an admin API
+    body's), as a refusal shows it: in the file's words, JSON's, nested too (true, false and null: True,
+    False and None are Python's, no words of the file's), a string as names are (`quoted_name`) and in
+    JSON's quotes inside an array or object, an integer too large for a float by its length (a body may
+    hold one of thousands of digits), an array or object cut past NAME_CHARS (a list of 20,000 numbers
+    made a refusal of 129 KB). A value made by Python code is shown as Python writes it (`shown_value`)."""
+    if isinstance(value, str):
+        return quoted_name(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        return f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, (list, tuple, dict)):
+        return cut_message(_json_words(value, set()), NAME_CHARS)
+    return _json_words(value, set())
+
+
+def _json_words(value: object, within: set[int]) -> str:
+    """`value` as JSON writes it, but a float as Python does (nan and inf: JSON has no words for them, TOML
+    writes those), a string's characters that are not printable escaped (a line of a log cannot be broken by
+    one), a table's non-string key as the value it is (YAML's), and an array or object within itself (a YAML
+    alias) as `[...]`, as repr writes it, rather than without end. Anything else as Python writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if text.isprintable() else "".join(c if c.isprintable() else _json_escape(c) for c in text)
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in within:
+            return "{...}" if isinstance(value, dict) else "[...]"
+        within.add(id(value))
+        if isinstance(value, dict):
+            text = (
+                "{" + ", ".join(f"{_json_words(k, within)}: {_json_words(v, within)}" for k, v in value.items()) + "}"
+            )
+        else:
+            text = "[" + ", ".join(_json_words(v, within) for v in value) + "]"
+        within.discard(id(value))
+        return text
+    return repr(value)
+
+
+def _json_escape(char: str) -> str:
+    """A character that is not printable as a JSON string escapes it: \\uXXXX, a pair of them past U+FFFF."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def escaped(text: str) -> str:

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import NAME_CHARS, ModelExecutionError, cut_message, quoted_name
+from .errors import ModelExecutionError, quoted_name
+from .errors import shown_data as shown  # a JSON body's value in its words: admin, demo and trace refusals
 
 if TYPE_CHECKING:
     import asyncio
@@ -227,21 +227,6 @@ def check_max_queue_delay_ms(v) -> float:
     """`v` as a float if it is a number from 0 to MAX_QUEUE_DELAY_MS, the bound a model's config is
     held to, else AdminRequestError: the admin API and the demo's simulator refuse one in the same words."""
     return check_number("max_queue_delay_ms", v, 0, MAX_QUEUE_DELAY_MS)
-
-
-def shown(v) -> str:
-    """`v` as an error message says what came: its repr, but a JSON integer too large for a float
-    by its length (it may have thousands of digits), a string as every message shows a request's
-    (quoted_name), and an array or object cut past NAME_CHARS: a body of 64 KiB made a 400 as long."""
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > sys.float_info.max:
-        return f"an integer of {len(str(abs(v)))} digits"
-    if isinstance(v, str):
-        return quoted_name(v)
-    if v is None:  # JSON's null, in the body's words
-        return "null"
-    if isinstance(v, (list, dict)):
-        return cut_message(repr(v), NAME_CHARS)
-    return repr(v)
 
 
 def is_number(v) -> bool:

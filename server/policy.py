@@ -44,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import shown_data
+
 PROFILE_SCHEMA = "wok.profile/1"
 # Batch keys whose fits and arrival rates are kept per model. The default key is the shape of a
 # request's variable dims, which clients choose: without a bound every new shape would add state
@@ -74,14 +76,17 @@ def read_profile_fit(path: Path) -> tuple[float, float]:
         raise ValueError(f"cannot read profile {path}: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"profile {path}: expected schema {PROFILE_SCHEMA!r}; got {got!r}")
+        raise ValueError(f"profile {path}: expected schema {PROFILE_SCHEMA!r}; got {shown_data(got)}")
     try:
         alpha, beta = doc["fit"]["alpha_s"], doc["fit"]["beta_s"]
     except (KeyError, TypeError) as exc:
         raise ValueError(f"profile {path}: no numeric fit.alpha_s and fit.beta_s ({exc!r})") from None
     # JSON numbers only: a quoted "0.001" is a document `wok profile` did not write.
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, beta)):
-        raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s: expected numbers; got {alpha!r} and {beta!r}")
+        raise ValueError(
+            f"profile {path}: fit.alpha_s and fit.beta_s: expected numbers; "
+            f"got {shown_data(alpha)} and {shown_data(beta)}"
+        )
     alpha, beta = float(alpha), float(beta)
     if not (math.isfinite(alpha) and math.isfinite(beta)):
         raise ValueError(

@@ -139,10 +139,13 @@ def _check_check(found, where: str, attr: str, found_in: str) -> None:
     """ConfigError unless `found` can be called as a check: with one positional argument, returning
     at once (a coroutine function's call would only make a coroutine, and check nothing)."""
     if not callable(found):
-        raise ConfigError(f"{where}: {attr!r} in {found_in} is {type(found).__name__}, not a function")
+        raise ConfigError(f"{where}: {attr!r} in {found_in}: expected a function; got {type(found).__name__}")
     # A class instance's async __call__ too: each call would only make a coroutine.
     if inspect.iscoroutinefunction(found) or inspect.iscoroutinefunction(type(found).__call__):
-        raise ConfigError(f"{where}: {attr!r} in {found_in} is an async function; a check must be a plain one")
+        raise ConfigError(
+            f"{where}: {attr!r} in {found_in}: expected a plain function (an async one's call only makes a coroutine, "
+            "and checks nothing); got an async function"
+        )
     try:
         signature = inspect.signature(found)
     except (TypeError, ValueError):  # some builtins have none to read: called as they are
@@ -151,8 +154,8 @@ def _check_check(found, where: str, attr: str, found_in: str) -> None:
         signature.bind(None)
     except TypeError:
         raise ConfigError(
-            f"{where}: {attr!r} in {found_in} cannot be called with one argument, the request's inputs "
-            f"(its signature: {attr}{signature})"
+            f"{where}: {attr!r} in {found_in}: expected a function called with one argument, the request's inputs; "
+            f"got one of signature {attr}{signature}"
         ) from None
 
 
@@ -931,6 +934,6 @@ def check_version(version: str, name: str = "") -> None:
         return
     asked = f"model {quoted_name(name)}: " if name else ""
     raise InvalidVersion(
-        f"{asked}model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
+        f"{asked}model version: expected an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
         f"served ({VERSION}); got {quoted_name(version)}"
     )

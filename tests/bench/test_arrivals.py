@@ -502,7 +502,7 @@ LONG_SHOWN = f"'{'t' * 200}'… (100,000 characters in all)"
         (
             "t.jsonl",
             '{"timestamp": 0}\n{"timestamp": 1, "size": {"n": "' + LONG + '"}}\n',
-            f"t.jsonl:2: size {{'n': '{'t' * 159}… (100,009 characters in all) is not an integer >= 0",
+            f't.jsonl:2: size {{"n": "{"t" * 156}… (100,009 characters in all) is not an integer >= 0',
         ),
         # A header's names as the file gives them, however many and however long.
         (

@@ -125,7 +125,7 @@ def test_a_wrong_name_must_get_its_status_and_be_named():
             _request(model_version=name),
             "INVALID_ARGUMENT",
             "model version",
-            "model 'alltypes': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the "
+            "model 'alltypes': model version: expected an integer from 0 to 2**63-1 in decimal digits, or '' for the "
             f"version served (1); got '{name}'",
         ),
         (

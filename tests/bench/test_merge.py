@@ -308,8 +308,8 @@ LEAST = "the least share of a step's requests that succeed for it to pass, above
         (-0.5, "-0.5"),
         (float("nan"), "nan"),
         ("0.5", "'0.5'"),
-        (None, "None"),
-        (True, "True"),
+        (None, "null"),  # in the file's words: it was "None", Python's
+        (True, "true"),
     ],
 )
 def test_a_part_whose_ratio_wok_bench_ramp_refuses_is_refused_by_name(split_ramp, key, expected, value, shown):

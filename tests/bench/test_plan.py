@@ -1445,6 +1445,8 @@ def _refused_after(edit, message: str, tmp_path, wok_cli) -> None:
             lambda d: d.update(devices={"mlp": "tpu"}),
             "{path}: devices['mlp']: expected 'cpu', 'gpu' or null; got 'tpu'",
         ),
+        # In the file's words: it was "got True", Python's.
+        (lambda d: d.update(devices={"mlp": True}), "{path}: devices['mlp']: expected 'cpu', 'gpu' or null; got true"),
     ],
 )
 def test_a_wrongly_shaped_ramp_is_refused_naming_the_field(edit, message, tmp_path, wok_cli):

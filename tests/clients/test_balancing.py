@@ -67,7 +67,7 @@ def test_a_comma_separated_string_is_a_list_of_targets():
 def test_a_port_of_other_digits_is_no_port(port):
     """isdigit() takes "²" (int() refused it with its own bare ValueError) and "٣" (int() reads 3)."""
     assert split_host_port(f"h:{port}") is None
-    with pytest.raises(ValueError, match=f"target 'h:{port}': expected host:port"):
+    with pytest.raises(ValueError, match=f"^target: expected host:port; got 'h:{port}'$"):
         channel_target([f"h:{port}", "h:1"])
 
 

@@ -611,7 +611,7 @@ async def test_a_refused_argument_is_shown_quoted_and_cut_as_names_are():
     assert str(info.value) == "balancer: expected 'grpc' or 'wok'; got None"
     with pytest.raises(ValueError) as info:
         channel_target(["127.0.0.1:1", "it's"])
-    assert str(info.value) == "target 'it's': with several targets each must be host:port or [ipv6]:port"
+    assert str(info.value) == "target: expected host:port or [ipv6]:port, as each of several is; got 'it's'"
     # Nothing listens on port 1: each call is refused before anything is sent.
     name = "O" * 1000
     shown = f"'{'O' * 200}'… (1,000 characters in all)"

@@ -87,7 +87,7 @@ async def test_tritonclient_load_and_unload_name_the_model(serve, aio):
 
 def invalid_version(version: str) -> str:
     return (
-        "model 'mlp': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
+        "model 'mlp': model version: expected an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
         f"served (1); got '{version}'"
     )
 

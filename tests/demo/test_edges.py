@@ -131,7 +131,7 @@ def test_a_refused_load_body_changes_nothing():
     assert control.describe() == {"rate": 100.0, "current_rate": 100.0, "burst_rate": None, "burst_left_s": 0.0}
 
 
-@pytest.mark.parametrize(("seconds", "got"), [(0, "0"), (-0.0, "-0.0"), (30.5, "30.5"), (True, "True"), ("5", "'5'")])
+@pytest.mark.parametrize(("seconds", "got"), [(0, "0"), (-0.0, "-0.0"), (30.5, "30.5"), (True, "true"), ("5", "'5'")])
 def test_a_burst_length_is_checked_as_the_rates_are(seconds, got):
     """'burst_s' had a check of its own, raising a plain ValueError where its neighbours raise AdminRequestError
     (faults.check_number), as the admin API's numbers do; its message is as it was."""

@@ -289,7 +289,7 @@ NAME_CASES = {
     ),
     "version no integer": (
         _named(version="7" * LONG),
-        "model 'mlp': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
+        "model 'mlp': model version: expected an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
         f"served (1); got '{'7' * 200}'… (100,000 characters in all)",
     ),
     "input": (_named(inputs=EXTRA), f"unexpected input '{'x' * 200}'… (100,000 characters in all) for model 'mlp'"),

@@ -36,7 +36,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from wok.auth import MALFORMED, MISSING, REFUSED, TokenCheck, load_tokens, parse_tokens, security_warnings
 from wok.clients import TLS, AsyncClient, Client, InferError
-from wok.clients.channel import auth_metadata, tls_mode
+from wok.clients.channel import auth_metadata, channel_credentials, tls_mode
 from wok.codec import encode_request
 from wok.config import model_config_from_dict, server_settings
 from wok.errors import ConfigError, quoted_name
@@ -215,15 +215,26 @@ def test_token_check_accepts_only_a_bearer_token_it_knows():
     assert check.refusal(two) == MALFORMED
     for details in (MISSING, MALFORMED, REFUSED):
         assert TOKEN_A not in details and "tok-" not in details
+        # The one refusal form: the input, what was expected, what was got (here never the value itself).
+        assert re.fullmatch(r"metadata 'authorization': expected [^;]+; got [^;]+", details), details
 
 
 def test_client_token_and_tls_arguments_are_checked_without_echoing_secrets(pki):
     assert auth_metadata(None) is None
     assert auth_metadata(TOKEN_A) == (("authorization", f"Bearer {TOKEN_A}"),)
-    for bad in ("", "two words", "line\nbreak"):
+    expected = "token: expected a non-empty string of visible ASCII characters, without spaces; got "
+    for bad, got in (
+        ("", "an empty string"),
+        ("two words", "a string of 9 characters, the one at index 3 not visible ASCII (the token is not shown)"),
+        ("line\nbreak", "a string of 10 characters, the one at index 4 not visible ASCII (the token is not shown)"),
+        (b"token", "bytes"),
+    ):
         with pytest.raises(ValueError) as info:
             auth_metadata(bad)
-        assert bad == "" or bad not in str(info.value)
+        assert str(info.value) == expected + got
+    with pytest.raises(TypeError) as type_info:
+        channel_credentials("yes")
+    assert str(type_info.value) == "tls: expected a TLS, True, False or None; got str"
     with pytest.raises(ValueError, match="needs its private key"):
         TLS(pki.read("ca.pem"), certificate_chain=pki.read("ca-client.pem"))
     tls = pki.tls(cert="ca-client")

@@ -146,7 +146,7 @@ def test_a_parameter_named_as_the_servers_published_ones_is_refused(tmp_path):
     msg, path = load_error(tmp_path, changed(parameters={"wok.ids_bound.x": 5, "hidden": 16}), "config.yaml")
     assert msg == (
         f"{path}: parameters: keys starting with 'wok.' are kept for what the server publishes in its ModelConfig "
-        "answer (wok.ids_bound.<input>); expected other keys; got ['wok.ids_bound.x']"
+        'answer (wok.ids_bound.<input>); expected other keys; got ["wok.ids_bound.x"]'
     )
 
 
@@ -189,7 +189,7 @@ def test_duplicate_input_names(tmp_path):
     msg, path = load_error(tmp_path, changed(inputs=inputs))
     assert msg.startswith(f"{path}: ")
     assert "input names repeat" in msg
-    assert "'INPUT0'" in msg
+    assert msg.endswith('input names repeat: ["INPUT0"]')  # in the file's words, as "INPUT0" is
 
 
 def test_misspelt_field_is_rejected(tmp_path):
@@ -398,8 +398,8 @@ def test_a_folder_name_unfit_for_a_model_name_is_named_as_the_folders(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model_config(d)
     assert str(info.value) == (
-        f"{d / 'config.toml'}: name: the model is named after its folder, 'my model', which is not a valid model "
-        "name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"
+        f"{d / 'config.toml'}: name: expected a model name of letters, digits, '_', '.' and '-' only (the config "
+        "sets none, so its folder's: rename the folder, or set name in the config); got 'my model'"
     )
     assert load_model_config(write_model(tmp_path, changed(name="mine"), name="my model")).name == "mine"
 
@@ -617,7 +617,7 @@ def test_warmup_dims_must_fit_the_declared_dims(tmp_path, warmup):
 def test_warmup_dims_on_an_output_are_refused(tmp_path):
     outputs = [{"name": "OUTPUT0", "datatype": "FP32", "dims": [3], "warmup_dims": [3]}]
     msg, _ = load_error(tmp_path, changed(outputs=outputs))
-    assert "warmup_dims only apply to inputs; given for output(s) ['OUTPUT0']" in msg
+    assert 'warmup_dims only apply to inputs; given for output(s) ["OUTPUT0"]' in msg
 
 
 @pytest.mark.parametrize(
@@ -626,15 +626,15 @@ def test_warmup_dims_on_an_output_are_refused(tmp_path):
         ({"max_batch_size": "4"}, "max_batch_size", "'4'"),
         ({"max_batch_size": 4.0}, "max_batch_size", "4.0"),
         ({"inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": ["4"]}]}, "inputs.0.dims.0", "'4'"),
-        ({"instances": {"count": True}}, "instances.count", "True"),
+        ({"instances": {"count": True}}, "instances.count", "true"),
         ({"dynamic_batching": {"max_queue_size": "64"}}, "dynamic_batching.max_queue_size", "'64'"),
         ({"dynamic_batching": {"max_queue_size": 64.0}}, "dynamic_batching.max_queue_size", "64.0"),
         ({"dynamic_batching": {"preferred_batch_sizes": [4.0]}}, "dynamic_batching.preferred_batch_sizes.0", "4.0"),
         ({"dynamic_batching": {"preferred_batch_sizes": ["4"]}}, "dynamic_batching.preferred_batch_sizes.0", "'4'"),
-        ({"dynamic_batching": {"default_priority_level": True}}, "dynamic_batching.default_priority_level", "True"),
+        ({"dynamic_batching": {"default_priority_level": True}}, "dynamic_batching.default_priority_level", "true"),
         ({"instances": {"pipeline_depth": "2"}}, "instances.pipeline_depth", "'2'"),
         ({"instances": {"pipeline_depth": 2.0}}, "instances.pipeline_depth", "2.0"),
-        ({"instances": {"pipeline_depth": True}}, "instances.pipeline_depth", "True"),
+        ({"instances": {"pipeline_depth": True}}, "instances.pipeline_depth", "true"),
     ],
 )
 def test_sizes_and_counts_are_integers_not_coerced_strings_floats_or_booleans(tmp_path, change, where, got):
@@ -665,9 +665,9 @@ def test_server_settings_integers_are_not_coerced_from_strings_floats_or_boolean
     ("change", "where", "got"),
     [
         ({"dynamic_batching": {"max_queue_delay_ms": "5"}}, "dynamic_batching.max_queue_delay_ms", "'5'"),
-        ({"dynamic_batching": {"max_queue_delay_ms": True}}, "dynamic_batching.max_queue_delay_ms", "True"),
+        ({"dynamic_batching": {"max_queue_delay_ms": True}}, "dynamic_batching.max_queue_delay_ms", "true"),
         ({"dynamic_batching": {"default_timeout_ms": "100"}}, "dynamic_batching.default_timeout_ms", "'100'"),
-        ({"dynamic_batching": {"default_timeout_ms": False}}, "dynamic_batching.default_timeout_ms", "False"),
+        ({"dynamic_batching": {"default_timeout_ms": False}}, "dynamic_batching.default_timeout_ms", "false"),
         (
             {"dynamic_batching": {"policy": "slo", "slo_ms": "50"}},
             "dynamic_batching.slo_ms",
@@ -726,6 +726,10 @@ def test_server_settings_times_and_switches_are_not_coerced(field, value, kind):
         (
             {"schema": "wok.profile/1", "fit": {"alpha_s": "0.001", "beta_s": 1e-5}},
             "profile {p}: fit.alpha_s and fit.beta_s: expected numbers; got '0.001' and 1e-05",
+        ),
+        (  # in the file's words: it was "got True and None", Python's
+            {"schema": "wok.profile/1", "fit": {"alpha_s": True, "beta_s": None}},
+            "profile {p}: fit.alpha_s and fit.beta_s: expected numbers; got true and null",
         ),
     ],
 )
@@ -971,6 +975,21 @@ def test_a_yaml_null_is_shown_in_the_file_s_word(tmp_path):
     assert msg == f"{path}: max_batch_size: expected an integer; got null"
 
 
+def test_yaml_booleans_and_nulls_are_shown_in_the_file_s_words_nested_too(tmp_path):
+    # They were "[True, None, 'x']", Python's words; a list within itself (a YAML alias) is shown as repr shows
+    # it, not without end.
+    msg, path = load_error(tmp_path, changed(colour=[True, None, "x", {"on": False}]), "config.yaml")
+    assert (
+        msg
+        == f'{path}: colour: expected a known setting; got an unknown one, set to [true, null, "x", {{"on": false}}]'
+    )
+    d = write_model(tmp_path, BASE, filename="config.yaml")
+    (d / "config.yaml").write_text((d / "config.yaml").read_text() + "colour: &loop [true, *loop]\n")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value).endswith("colour: expected a known setting; got an unknown one, set to [true, [...]]")
+
+
 @pytest.mark.parametrize("index", ["\N{SUPERSCRIPT TWO}", "\N{ARABIC-INDIC DIGIT THREE}"])
 def test_a_cuda_index_of_other_digits_is_refused(tmp_path, index):
     """isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3): "cuda:²" passed the config's check."""
@@ -1017,7 +1036,8 @@ def test_a_folder_key_or_path_from_a_config_is_shown_quoted_as_names_are(tmp_pat
     d = write_model(tmp_path, BASE, name="it's")
     with pytest.raises(ConfigError) as info:
         load_model_config(d)
-    assert str(info.value).startswith(f"{d / 'config.toml'}: name: the model is named after its folder, 'it's', which")
+    assert str(info.value).startswith(f"{d / 'config.toml'}: name: expected a model name of ")
+    assert str(info.value).endswith("; got 'it's'")
     d = tmp_path / "m"
     d.mkdir()
     text = yaml.safe_dump(BASE)

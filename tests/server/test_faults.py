@@ -24,10 +24,12 @@ INSTANCES = {"mlp": 2, "recsys": 1}
     ("body", "field", "got"),
     [
         ([1, 2], "(body)", "[1, 2]"),
+        # In the body's words, nested too: it was "[True, None, 'x']", Python's.
+        ([True, None, "x"], "(body)", '[true, null, "x"]'),
         ({"model": "nope", "mode": "off"}, "model", "'nope'"),
         ({"mode": "off"}, "model", "null"),
         ({"model": "mlp", "mode": "off", "instance": 2}, "instance", "2"),
-        ({"model": "mlp", "mode": "off", "instance": True}, "instance", "True"),
+        ({"model": "mlp", "mode": "off", "instance": True}, "instance", "true"),
         ({"model": "mlp", "mode": "off", "instance": "0"}, "instance", "'0'"),
         ({"model": "mlp", "mode": "crash"}, "mode", "'crash'"),
         ({"model": "mlp", "mode": "slow"}, "delay_ms", "null"),

@@ -1640,7 +1640,7 @@ def test_a_version_is_an_integer_as_triton_reads_it(tmp_path):
             repo.get("alpha", v)
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert str(info.value) == (
-            "model 'alpha': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the "
+            "model 'alpha': model version: expected an integer from 0 to 2**63-1 in decimal digits, or '' for the "
             f"version served (1); got {quoted_name(v)}"
         )
 

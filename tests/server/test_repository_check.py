@@ -225,8 +225,11 @@ def test_a_torchscript_model_takes_a_check_from_its_folder(tmp_path):
         ("model:SEEN", "'SEEN' in "),
         ("model:waits", "'waits' in "),
         ("model:waits_too", "'waits_too' in "),
-        ("model:takes_none", "cannot be called with one argument, the request's inputs (its signature: takes_none())"),
-        ("model:takes_two", "(its signature: takes_two(inputs, more))"),
+        (
+            "model:takes_none",
+            ": expected a function called with one argument, the request's inputs; got one of signature takes_none()",
+        ),
+        ("model:takes_two", "; got one of signature takes_two(inputs, more)"),
     ],
 )
 def test_a_check_that_cannot_be_found_fails_the_load_naming_it(tmp_path, check, message):
@@ -235,9 +238,12 @@ def test_a_check_that_cannot_be_found_fails_the_load_naming_it(tmp_path, check, 
         load_servable(d)
     assert message in str(info.value), str(info.value)
     if check == "model:SEEN":
-        assert str(info.value).endswith("is list, not a function")
+        assert str(info.value).endswith("model.py: expected a function; got list")
     if check in ("model:waits", "model:waits_too"):
-        assert str(info.value).endswith("is an async function; a check must be a plain one")
+        assert str(info.value).endswith(
+            ": expected a plain function (an async one's call only makes a coroutine, and checks nothing); "
+            "got an async function"
+        )
 
 
 async def test_a_request_the_check_refuses_gets_invalid_argument_and_the_others_in_flight_their_answers(

@@ -321,7 +321,7 @@ def versioned(version: str, model: str = "a") -> pb.ModelInferRequest:
 
 def invalid_version(model: str, version: str) -> str:
     return (
-        f"{model}model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the version served "
+        f"{model}model version: expected an integer from 0 to 2**63-1 in decimal digits, or '' for the version served "
         f"(1); got {quoted_name(version)}"
     )
 
