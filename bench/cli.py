@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -1305,10 +1306,41 @@ def add_profile_parser(sub) -> None:
     p.set_defaults(run=_quiet_when_stdout_closes(run_profile))
 
 
+@contextlib.contextmanager
+def _profile_progress(label: str, total: int):
+    """What `wok profile` calls with each number of batches run (profiler.Progress): a bar on stderr (stdout: the
+    table) where that is a terminal that draws one, as the ramp's (runner.live_bar_console); elsewhere (nohup, CI, a
+    pipe) plain lines there, on the ramp's schedule (runner.plain_count_line). Until 2026-12-06 none there: the
+    bar, off so that its stop wrote no empty line before a refusal, left a long profile silent."""
+    import time
+
+    from .runner import live_bar_console, plain_count_line
+
+    console = live_bar_console()
+    if console is None:
+        start = time.monotonic()
+        done, last = 0, 0.0
+
+        def plain(k: int) -> None:
+            nonlocal done, last
+            done += k
+            elapsed = time.monotonic() - start
+            if (line := plain_count_line(label, done, total, "batches", elapsed, last)) is not None:
+                last = elapsed
+                print(line, file=sys.stderr, flush=True)
+
+        yield plain
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda k: bar.advance(task, k)
+
+
 def run_profile(args) -> int:
     import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..errors import ModelNotFound
     from ..models import build_demo
@@ -1351,17 +1383,12 @@ def run_profile(args) -> int:
     peak = roofline.parse_rate(args.peak_flops, "--peak-flops") if args.peak_flops else None
     bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
     total = (cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    console = Console(stderr=True)  # stdout: the table
-    # Off where stderr is no terminal, which it draws nothing on: there its stop wrote an empty line, which stood
-    # before a refusal's line.
-    with Progress(*columns, console=console, transient=True, disable=not console.is_interactive) as bar:
-        task = bar.add_task(f"profiling {servable.name}", total=total)
+    with _profile_progress(f"profiling {servable.name}", total) as progress:
         result = profiler.profile(
             servable,
             cfg,
             lambda device: roofline.roofline_for(device, peak, bandwidth),
-            progress=lambda k: bar.advance(task, k),
+            progress=progress,
             source="demo" if args.model_repository is None else str(args.model_repository),
         )
     outputs = [("--json", args.json, report.write_json), ("--plot", args.plot, profiler.plot_profile)]

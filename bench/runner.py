@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +37,9 @@ from .payloads import (
 from .scrape import Fleet, scrape, server_view
 from .workers import NOT_SENT, OK, Share, WorkerPool, WorkerProcesses, merge_details, pick_balancer
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 # Off a terminal, a step's progress line comes every tenth of the step, but no oftener than this
 # (a short step prints none) and no rarer than that.
 PLAIN_PROGRESS_MIN_S = 10.0
@@ -48,6 +52,29 @@ def plain_progress_every(total_s: float) -> float:
     its warm-up included), kept between PLAIN_PROGRESS_MIN_S and PLAIN_PROGRESS_MAX_S (read at each
     call), so that a short step prints none and a day-long one a line a minute."""
     return min(PLAIN_PROGRESS_MAX_S, max(PLAIN_PROGRESS_MIN_S, total_s / 10))
+
+
+def live_bar_console() -> Console | None:
+    """rich's Console on stderr where a live progress bar belongs: stderr is a terminal (isatty) that draws
+    one (rich's is_interactive: not TERM=dumb). None elsewhere (nohup, CI, a pipe), where progress is plain lines
+    (plain_progress_line, plain_count_line). Both halves, for the ramp and `wok profile` alike: rich takes a pipe for
+    a terminal where FORCE_COLOR (or TTY_INTERACTIVE) is set, and the profile, asking rich alone, drew its bar into
+    the log (until 2026-12-06)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return console if sys.stderr.isatty() and console.is_interactive else None
+
+
+def plain_count_line(label: str, done: int, total: int, unit: str, elapsed_s: float, last_s: float) -> str | None:
+    """Off a terminal, a line on the way through `total` items (`wok profile`'s batches), if one is due: `done` of
+    them done `elapsed_s` seconds from the start, the last line at `last_s` (0: none yet). Due a step's period
+    (plain_progress_every) after the last, for the whole's time as the pace so far foretells it (`elapsed_s` ×
+    `total` / `done`), which is all a count knows of it: none for a run over before the first period, none for the
+    last item."""
+    if not 0 < done < total or elapsed_s - last_s < plain_progress_every(elapsed_s * total / done):
+        return None
+    return f"{label}: {done}/{total} {unit} ({100 * done / total:.0f}%), {elapsed_s:.0f} s"
 
 
 def plain_progress_line(label: str, elapsed_s: float, total_s: float, shown: int) -> tuple[str | None, int]:
@@ -853,14 +880,12 @@ class Ramp:
         return max(planned, earliest), late
 
     def _collect(self, workers: WorkerPool, start: float):
-        from rich.console import Console
-
         total = self.cfg.warmup_s + self.cfg.step_duration_s
         # The bar on stderr, where the step lines go: on stdout (the table's, a file's where redirected) it drew
         # nothing off a terminal and its stop wrote an empty line there, one a step, before the table (until
         # 2026-12-06). A terminal that draws no bar (TERM=dumb) gets the plain lines.
-        console = Console(stderr=True)
-        if not (sys.stderr.isatty() and console.is_interactive):
+        console = live_bar_console()
+        if console is None:
             # No live bar in a log (nohup, CI, a pipe), but a long step (a soak) must still show
             # it is running: plain lines (plain_progress_every).
             label = self._step_label

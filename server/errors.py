@@ -293,12 +293,18 @@ def printable(text: str) -> str:
 
 def cut_middle(text: str, size: int, tail: int) -> str:
     """`text` whole when it has at most `size` characters, else its start and its last `tail` characters with
-    its length between, `size` characters in all: 'head… (100,025 characters in all) …tail'. For text whose
-    middle matters least (a long path; a refusal, whose end is its reason). `size` - `tail` - 2 is at least
+    its length between, at most `size` characters in all: 'head… (100,025 characters in all) …tail'. For text whose
+    middle matters least (a long path; a refusal, whose end is its reason), as a command prints it: its callers'
+    bounds are characters on a line (cliargs.one_line, executor's _with_config). `size` - `tail` - 2 is at least
     NOTE_BYTES (ValueError)."""
+    if size - tail - 2 < NOTE_BYTES:  # 2: the " …" between
+        raise ValueError(f"size - tail - 2: expected at least {NOTE_BYTES}, the longest note's; got {size - tail - 2}")
     if len(text) <= size:
         return text
-    return f"{cut_message(text, size - tail - 2)} …{text[-tail:]}"  # 2: the " …" between
+    # The head in characters, as the tail: cut by cut_message's JSON bytes, a character not ASCII counted up to 6,
+    # a path of 'é' kept a sixth as much of its start as of its end (until 2026-12-06). The note is given the room
+    # it takes as JSON (_note_bytes, never less than its characters), as it had: an ASCII line is cut where it was.
+    return f"{cut_at(text, size - tail - 2 - _note_bytes(len(text)))} …{text[len(text) - tail :]}"  # tail 0: none
 
 
 # A name or id a request sent is shown in a message up to this many characters: generous for a real

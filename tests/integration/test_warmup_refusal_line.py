@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from wok.__main__ import main
-from wok.errors import CUT_NOTE, MESSAGE_CHARS
+from wok.errors import CUT_NOTE, MESSAGE_CHARS, NOTE_BYTES
 
 from ..conftest import write_python_model
 
@@ -63,17 +63,22 @@ def test_a_warm_up_failure_is_one_bounded_line_that_wok_profile_says_alike(tmp_p
     assert err == f"{PROFILE_SAYS}{line.removeprefix('wok: ')}\n", err[-3000:]
 
 
-def test_a_long_config_path_is_cut_in_its_middle_alike_by_wok_serve_and_wok_profile(tmp_path, capsys):
-    """A warm-up failure's refusal with a model message at its bound and a config path of over 2,000 characters:
+# Folders of a config path of about 2,000 characters or more: one's name under NAME_MAX (255 bytes), the whole under
+# PATH_MAX (4,096 bytes, 2 a character for 'é').
+LONG_PATHS = {"ascii": [letter * 220 for letter in "abcdefghij"], "not ascii": ["é" * 118] * 16}
+
+
+@pytest.mark.parametrize("folders", LONG_PATHS.values(), ids=LONG_PATHS.keys())
+def test_a_long_config_path_is_cut_in_its_middle_alike_by_wok_serve_and_wok_profile(tmp_path, capsys, folders):
+    """A warm-up failure's refusal with a model message at its bound and a config path of about 2,000 characters:
     the path is cut in its middle, saying how long it was, its start and end kept, and both commands say the same
     words. Each command's one_line cut the line again at its own point (the profile's words before it moved it), in
-    the middle of the path, its note counting the first cut's text."""
-    deep = tmp_path
-    for letter in "abcdefghij":
-        deep /= letter * 220
+    the middle of the path, its note counting the first cut's text. A path not ASCII kept a sixth as much of its
+    start as of its end (errors.cut_middle measured its start in JSON bytes, 6 for 'é', its end in characters)."""
+    deep = tmp_path.joinpath(*folders)
     folder = write_python_model(deep / "repo" / "loud", LOUD_MODEL.replace("MESSAGE", '"y" * 1_000_000'))
     config = str(folder / "config.toml")
-    assert len(config) > 2_200
+    assert len(config) > 1_950
     cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(folder.parent), "--port", "0"]
     done = subprocess.run([*cmd, "--metrics-port", "0"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-4000:]
@@ -88,6 +93,8 @@ def test_a_long_config_path_is_cut_in_its_middle_alike_by_wok_serve_and_wok_prof
     shown_start = start.rpartition("(config: ")[2].removesuffix("…")
     assert config.startswith(shown_start) and len(shown_start) > 500, start[-300:]
     assert end.endswith(")") and config.endswith(end[:-1]) and len(end) > 500, end[-300:]
+    # Start and end in equal measure: characters, as many each but the note's room.
+    assert abs(len(shown_start) - len(end[:-1])) <= NOTE_BYTES, (len(shown_start), len(end[:-1]))
 
     fast = ["--batch-sizes", "1,2", "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
     assert main(["profile", "loud", "--model-repository", str(folder.parent), *fast]) == 2

@@ -10,7 +10,8 @@ import pytest
 
 from wok import errors
 from wok.admin import dumps
-from wok.errors import cut_message, quoted_name
+from wok.cliargs import TAIL_CHARS, one_line
+from wok.errors import CUT_NOTE, MESSAGE_CHARS, NOTE_BYTES, cut_message, cut_middle, quoted_name
 
 MESSAGE_BYTES = 4096  # errors.MESSAGE_BYTES, as docs/demo.md gives it: the bound an event's error is held to
 
@@ -82,3 +83,38 @@ def test_every_cut_ends_alike():
     """Three styles for one cut: `'…'... (N bytes in all)` (the HTTP ports), `'…'… (N characters in
     all)` (a name), `…… (cut: N characters in all)` (a message)."""
     assert cut_message("m" * 300, 200).lstrip("m") == quoted_name("m" * 300).removeprefix(f"'{'m' * 200}'")
+
+
+@pytest.mark.parametrize(
+    "char", ["é", "日", "\U0001f600", '"', "\\"], ids=["latin-1", "cjk", "astral", "quote", "backslash"]
+)
+@pytest.mark.parametrize(("size", "tail"), [(MESSAGE_CHARS, TAIL_CHARS), (1_700, 850), (256, 128)])
+def test_cut_middle_keeps_as_much_of_a_texts_start_as_an_ascii_one_in_characters(char, size, tail):
+    """cut_middle's bound is characters on a line (one_line's MESSAGE_CHARS, a warm-up refusal's config path): its
+    start was measured in JSON bytes (cut_message), 6 a character for 'é', its end in characters, so that a path not
+    ASCII kept a sixth as much of its start as of its end. Now the start of one is cut where an ASCII one's is."""
+    text = "".join(f"{char}{i % 10}" for i in range(5_000))  # digits between: where each end comes from shows
+    ascii_twin = text.replace(char, "x")
+    line = cut_middle(text, size, tail)
+    assert line == cut_middle(ascii_twin, size, tail).replace("x", char)
+    assert len(line) <= size
+    head, cut, end = line.partition(CUT_NOTE.format(len(text)) + " …")
+    assert cut and text.startswith(head) and text.endswith(end), line
+    # As many characters as the bound leaves: the note is given its room as JSON, 5 more (its ellipsis as \u2026).
+    assert len(end) == tail and len(head) == size - tail - len(cut) - 5, (len(head), len(end))
+
+
+def test_one_line_of_a_path_not_ascii_keeps_its_start_and_its_reason_within_its_bound():
+    message = "--json /tmp/" + "日" * 5_000 + ".json: File name too long"
+    line = one_line(message)
+    assert len(line) <= MESSAGE_CHARS
+    head, cut, end = line.partition(CUT_NOTE.format(len(message)) + " …")
+    assert cut and message.startswith(head) and end == message[-TAIL_CHARS:], line
+    assert len(head) > 2_900, len(head)  # 516 before: its 日 counted 6 each
+
+
+def test_cut_middle_refuses_a_size_with_no_room_for_its_note_and_keeps_no_end_for_a_tail_of_0():
+    with pytest.raises(ValueError, match=rf"size - tail - 2: expected at least {NOTE_BYTES}, .*; got {NOTE_BYTES - 1}"):
+        cut_middle("x", NOTE_BYTES + 1 + 100, 100)
+    # text[-0:] is all of it: a tail of 0 made the "cut" text longer than the text.
+    assert cut_middle("x" * 1_000, 200, 0) == "x" * (200 - 2 - 32) + "… (1,000 characters in all) …"  # 32: 27 + 5
