@@ -22,8 +22,8 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
 model's own whatever its name, another table's values looked up at it: `a(self.remap[ids])` of an integer `remap`,
-`a(emb(ids).long())` of a float table's, `_Walk.table_values`), nothing is guessed: it is not checked, and `unclear`
-says why. Nor is one whose ids are
+`a(emb(ids).long())` of a float table's, or its `argmax`, top-k's indices, `int()`: `_Walk.table_values`), nothing is
+guessed: it is not checked, and `unclear` says why. Nor is one whose ids are
 changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`, `torch.sub(ids, 1, out=ids)`, `ids.data = ids + 1`,
 `nn.ReLU(inplace=True)(ids)`, through a view, a list's item or an op or module that may return them: `l = [ids];
 l[0].sub_(1)`, `ids.cpu().sub_(1)`, `nn.Identity()(ids).sub_(1)`): neither `rows` nor `bounds`, as the graphs of
@@ -127,6 +127,13 @@ _FRESH = frozenset(
     )
     for op in ops.split()
 )  # fmt: skip
+# Ops whose every result is integers made of their arguments' values (a position in them, a bucket, a draw), and
+# those whose second result is positions (`indices`) beside values: a table's floats through them are made integers
+# as by a cast (`_Walk.cast_values`): `x.gather(-1, emb(ids).topk(1).indices)`, `t.select(0, int(emb(ids)[0, 0]))`.
+_INDICES_OF = frozenset(
+    {"argmax", "argmin", "argsort", "bucketize", "searchsorted", "nonzero", "argwhere", "multinomial", "Int"}
+)
+_WITH_INDICES = frozenset({"topk", "sort", "max", "min", "kthvalue", "mode", "median", "nanmedian", "cummax", "cummin"})
 # Ops that read an input's shape alone, not its ids: what they make (`arange(ids.size(1))`, positions) holds none.
 _SHAPES = frozenset({"size", "sym_size", "sym_numel", "sym_stride", "numel", "dim", "len", "stride", "dtype", "device"})
 # The attributes of a tensor that torch.fx reads with getattr and that hold none of its values.
@@ -279,9 +286,10 @@ class _Walk:
     [0, n) whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the values whose
     memory each value made by a view, a cast, a copy, a container's item or an op that may return its argument may
     share (`base`: value → its roots; an in-place change of one changes the others), the floats a table holds that
-    were looked up at an input's ids (`values`: value → {input: how}; no ids, nor positions, until cast to an integer:
-    `_Walk.table_values`), what reached a table, and the inputs whose bound is not known (`unbounded`: input → why,
-    module docstring)."""
+    were looked up at an input's ids, or an integer table's made floats (`values`: value → {input: how}; no ids, nor
+    positions, until cast to an integer: `_Walk.table_values`; `held`: an integer table's, as `mixed` says them →
+    as `values` do, once floats), what reached a table, and the inputs whose bound is not known (`unbounded`: input
+    → why, module docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
@@ -291,6 +299,7 @@ class _Walk:
         self.integer: dict = {}
         self.base: dict = {}
         self.values: dict = {}
+        self.held: dict[str, str] = {}
         self.unbounded: dict[str, str] = {}
         self.changed: dict[str, str] = {}
         self.found = IdRanges()
@@ -454,6 +463,10 @@ class _Walk:
         for v in index:
             if not self.mask(v):
                 self.derive([], [v], via, reads=True)
+                for name, how in self.values.get(v, {}).items():  # a float is no position: made one unread
+                    self.unbounded.setdefault(
+                        name, f"its ids reach {via} through {how}, made integers by a step wok does not follow"
+                    )
 
     def keep(
         self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False, read: bool = True
@@ -480,11 +493,25 @@ class _Walk:
                 self.integer[out] = dtype
         if src in self.values and not (read and (want is None or want.is_floating_point or want.is_complex)):
             self.cast_values(out, via if read else f"{via} to a dtype not known at load")
+        if read and want is not None and (want.is_floating_point or want.is_complex):
+            self.floated(out)
+
+    def floated(self, out) -> None:
+        """`out` is cast to floats: an integer table's values in it (`table_values`), positions no more until cast back
+        (`q[ids].float() * scale`, a dequantized row, through a layer norm), are `values`, as a float table's are."""
+        mixed = self.mixed.get(out, {})
+        held = {name: self.held[how] for name, how in mixed.items() if how in self.held}
+        if held:
+            self.values[out] = {**held, **self.values.get(out, {})}
+            self.mixed[out] = {name: how for name, how in mixed.items() if name not in held}
 
     def cast_values(self, out, via: str) -> None:
         """`out` is a table's floats (`values`) cast by `via` to integers, or to a dtype not known: values made of
-        the ids that may reach a table as ids (`emb(ids).long()`), not followed."""
-        looked = self.values.pop(out, None) or {}
+        the ids that may reach a table as ids (`emb(ids).long()`), not followed; or made integers by an op
+        (`_INDICES_OF`)."""
+        if out not in self.values:
+            return
+        looked = self.values.pop(out)
         cast = {name: f"{how} cast by {via}, which wok does not follow" for name, how in looked.items()}
         self.mixed[out] = {**cast, **self.mixed.get(out, {})}
 
@@ -560,7 +587,9 @@ class _Walk:
         read) that op `what` looked up at `index`. Made of the ids as much as the ids are: where they are integers
         (or may be), ids remapped (`a(self.remap[ids])`), which reach a table as values wok does not follow (not
         checked, and no bound: `remap`'s rows say nothing of which ids fail `a`); where floats, they are `values`,
-        followed to a cast to an integer (`a(emb(ids).long())`), and are no ids nor positions before one."""
+        followed to a cast to an integer (`a(emb(ids).long())`) or an op that makes integers of them (`_INDICES_OF`:
+        `x.gather(-1, emb(ids).argmax(-1, keepdim=True))`), and are no ids nor positions before one; so too an integer
+        table's values cast to floats (`_Walk.floated`)."""
         inputs = self.inputs_of(index)
         if not inputs:
             return
@@ -573,6 +602,7 @@ class _Walk:
             return
         held = f"{_short(dtype)} values" if dtype is not None else "values, of a dtype not known at load,"
         how = f"the {held} of {shown}, which wok does not follow"
+        self.held[how] = f"the {held} of {shown}"  # what they are once cast to floats (`floated`)
         for o in outs:
             self.mixed[o] = {**dict.fromkeys(inputs, how), **self.mixed.get(o, {})}
             if dtype is not None and _most(dtype) >= 0:
@@ -685,6 +715,12 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
                 # The trace's dtypes are the graph's own: a float's `% n` is not within n (`_Walk.remainder`).
                 walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]), op)
             _program_writes(walk, node, op, ins)
+        val = node.meta.get("val")
+        made = (
+            val.dtype if isinstance(val, torch.Tensor) else type(val) if isinstance(val, (int, torch.SymInt)) else None
+        )
+        if made is torch.SymInt or made is int or (isinstance(made, torch.dtype) and _most(made) >= 0):
+            walk.cast_values(node, op)  # a table's floats made integers (`topk`'s indices, `argmax`): the trace's dtype
 
 
 def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
@@ -912,6 +948,11 @@ class _Script:
             walk.mask_op(outs[0], kind, tensors, others, into=_writes_out(node))
         if kind == "aten::remainder" and len(ins) == 2:
             walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]), kind)
+        # A table's floats made integers: an op's (`_INDICES_OF`, `_WITH_INDICES`' indices) or any int (`math.floor`).
+        indices = outs if _bare(kind) in _INDICES_OF else outs[1:] if _bare(kind) in _WITH_INDICES else []
+        for out in outs:
+            if out in indices or isinstance(out.type(), torch._C.IntType):
+                walk.cast_values(out, kind)
         self.writes(node, kind, ins, outs)
 
     def writes(self, node, kind: str, ins: list, outs: list) -> None:
@@ -1082,6 +1123,20 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
             _fx_module_call(walk, traced, node, scripts)
             continue
         _fx_call(walk, traced, node)
+        _fx_made_integers(walk, node)
+
+
+def _fx_made_integers(walk: _Walk, node) -> None:
+    """A table's floats made integers by an op (`_INDICES_OF`), or `_WITH_INDICES`' second result (`[1]`,
+    `.indices`): followed as cast (`_Walk.cast_values`)."""
+    name = _fx_op(node)
+    src = node.args[0] if node.args else None
+    if name in _INDICES_OF:
+        walk.cast_values(node, name)
+        return
+    second = (name == "getitem" and node.args[1:] == (1,)) or (node.target is getattr and node.args[1:] == ("indices",))
+    if second and isinstance(src, torch.fx.Node) and _fx_op(src) in _WITH_INDICES:
+        walk.cast_values(node, f"{_fx_op(src)}'s indices")
 
 
 def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: list) -> None:

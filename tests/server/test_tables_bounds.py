@@ -1216,3 +1216,117 @@ def test_the_values_of_a_table_within_another_tables_rows_or_never_cast_keep_the
         for kind, model in _forms(module, example).items():
             found = id_ranges(model, ["ids"], {"ids": torch.int64})
             assert (found.bounds, found.rows) == ({"ids": bound}, {"ids": bound}), (cls.__name__, kind)
+
+
+class Ranked(nn.Module):
+    """`r` (80 rows of 8 floats) peaks at column 0 for ids below 40 and at column 5 from 40 on: its argmax, or top
+    index, taken as a position in `a`'s rows of 4 columns fails from id 40, below r's 80 rows. `f` holds 60 + id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.r = nn.Embedding(80, 8)
+        self.f = nn.Embedding(80, 1)
+        self.small = nn.Parameter(torch.randn(10, 4))
+        with torch.no_grad():
+            self.r.weight.zero_()
+            self.r.weight[:40, 0] = 1.0
+            self.r.weight[40:, 5] = 1.0
+            self.f.weight.copy_((torch.arange(80) + 60).unsqueeze(1))
+
+
+class TopGathered(Ranked):
+    def forward(self, ids):
+        return self.a(ids).gather(-1, self.r(ids).topk(1, dim=-1).indices)
+
+
+class ArgmaxGathered(Ranked):
+    def forward(self, ids):
+        return self.a(ids).gather(-1, self.r(ids).argmax(-1, keepdim=True))
+
+
+class MaxGathered(Ranked):
+    def forward(self, ids):
+        return self.a(ids).gather(-1, torch.max(self.r(ids), -1, keepdim=True)[1])
+
+
+class SortGathered(Ranked):
+    def forward(self, ids):
+        return self.a(ids).gather(-1, self.r(ids).sort(-1, descending=True).indices[..., :1])
+
+
+class FloatPicked(Ranked):  # TorchScript alone: torch.fx cannot trace int(), torch.export not guard on it
+    def forward(self, ids):
+        return self.a(ids) + self.small.select(0, int(self.f(ids)[0, 0, 0]) - 60)
+
+
+class FloatIndexed(Ranked):
+    def forward(self, ids):
+        return self.a(ids) + self.small[int(self.f(ids)[0, 0, 0]) - 60]
+
+
+class FloatTyped(Ranked):  # a python module alone: `type` is no cast wok reads, and a float is no position
+    def forward(self, ids):
+        return self.a(ids) + (self.small * 2)[self.f(ids)[..., 0].type(torch.int64) - 60]
+
+
+def test_a_tables_floats_made_positions_by_an_op_not_a_cast_leave_no_bound():
+    """A float table's values are no positions until cast (5c7c282), but an op makes integers of them too (top-k's
+    or a max's indices, argmax, int()): these reached gather's index or select's position unread, and each was
+    published bound 80, r's (or f's) rows, where ids from 40 (or 10) fail the model."""
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    forms = {}
+    for cls in (TopGathered, ArgmaxGathered, MaxGathered, SortGathered):
+        for kind, model in _forms(cls(), example).items():
+            forms[cls.__name__, kind] = model
+    for cls in (FloatPicked, FloatIndexed):
+        forms[cls.__name__, "scripted"] = torch.jit.script(cls().eval())
+    forms["FloatTyped", "python"] = FloatTyped().eval()
+    for (name, kind), model in forms.items():
+        run = model.module() if kind == "exported" else model
+        assert run(torch.full((2, 3), 9)).shape[-1] in (1, 4), name
+        with pytest.raises((RuntimeError, IndexError)):
+            run(torch.full((2, 3), 40))
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({}, {"ids": 80}), (name, kind)
+        op = "gather" if name.endswith("Gathered") else "getitem" if name == "FloatTyped" else "select"
+        assert op in found.unpublished["ids"], (name, kind, found.unpublished)
+
+
+class Dequantized(nn.Module):
+    """A row-wise int8 table and its scales, a table's values made floats before a layer: no positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.register_buffer("q", torch.randint(-128, 128, (80, 4), dtype=torch.int8))
+        self.register_buffer("scale", torch.rand(80, 1))
+        self.register_buffer("counts", torch.randint(0, 1000, (80,)))
+        self.head = nn.Linear(5, 1)
+
+    def forward(self, ids):
+        x = torch.nn.functional.layer_norm(self.q[ids].float() * self.scale[ids], (4,))
+        counted = torch.log1p(self.counts[ids].to(torch.float32)).unsqueeze(-1)
+        return self.head(torch.cat([x + self.a(ids), counted], -1))
+
+
+class DequantizedCastBack(Dequantized):  # the floats made ids again: q's values, 0 to 127, fail a from 100
+    def forward(self, ids):
+        return self.a(self.q[ids][..., 0].float().abs().long())
+
+
+def test_an_integer_tables_values_made_floats_keep_the_bound():
+    """An integer table's values were followed as ids remapped (5c7c282) even once cast to floats: the layer norm (or,
+    in a python module, the Linear) they reach took the bound, 80, which every id below serves."""
+    module = Dequantized().eval()
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    assert module(torch.arange(80).view(1, 80)).shape == (1, 80, 1)
+    for kind, model in _forms(module, example).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({"ids": 80}, {"ids": 80}), kind
+    for kind, model in _forms(DequantizedCastBack(), example).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({}, {"ids": 80}), kind
+        assert found.unpublished["ids"].endswith(
+            "(q) cast by " + ("long" if kind == "python" else "aten::to") + ", which wok does not follow"
+        ), found.unpublished
