@@ -33,16 +33,22 @@ FAILED = "model 'loud' failed: RuntimeError: "
 PROFILE_SAYS = "wok profile: wok serve refuses the model at its start: "
 
 
-@pytest.mark.parametrize("message", ['"y" * 1_000_000', '"\\x1b[31mred"'], ids=["1 MB message", "terminal escape"])
-def test_a_warm_up_failure_is_one_bounded_line_that_wok_profile_says_alike(tmp_path, capsys, message):
-    folder = write_python_model(tmp_path / "repo" / "loud", LOUD_MODEL.replace("MESSAGE", message))
-    config = folder / "config.toml"
+def _serve_refusal(folder):
+    """`wok serve` of the repository holding `folder`, refused at its start (status 2): its run and the one line
+    that says the model's failure."""
     cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(folder.parent), "--port", "0"]
     done = subprocess.run([*cmd, "--metrics-port", "0"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-4000:]
     said = [line for line in done.stderr.splitlines() if line.startswith(f"wok: {FAILED}")]
     assert len(said) == 1, done.stderr[-4000:]
-    line = said[0]
+    return done, said[0]
+
+
+@pytest.mark.parametrize("message", ['"y" * 1_000_000', '"\\x1b[31mred"'], ids=["1 MB message", "terminal escape"])
+def test_a_warm_up_failure_is_one_bounded_line_that_wok_profile_says_alike(tmp_path, capsys, message):
+    folder = write_python_model(tmp_path / "repo" / "loud", LOUD_MODEL.replace("MESSAGE", message))
+    config = folder / "config.toml"
+    done, line = _serve_refusal(folder)
     assert line.endswith(
         f"; in the start-up warm-up, on a batch of zeros with input shapes INPUT0 [1, 4] on cpu (config: {config})"
     ), line[-2000:]
@@ -79,12 +85,7 @@ def test_a_long_config_path_is_cut_in_its_middle_alike_by_wok_serve_and_wok_prof
     folder = write_python_model(deep / "repo" / "loud", LOUD_MODEL.replace("MESSAGE", '"y" * 1_000_000'))
     config = str(folder / "config.toml")
     assert len(config) > 1_950
-    cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(folder.parent), "--port", "0"]
-    done = subprocess.run([*cmd, "--metrics-port", "0"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr[-4000:]
-    said = [line for line in done.stderr.splitlines() if line.startswith(f"wok: {FAILED}")]
-    assert len(said) == 1, done.stderr[-4000:]
-    line = said[0]
+    _, line = _serve_refusal(folder)
     assert len(line) <= MESSAGE_CHARS, f"{len(line):,} characters"
     # One cut in the model's message, one in the path, each counting its own text.
     assert CUT_NOTE.format(len(FAILED) + LONG) + "; in the start-up warm-up" in line, line[-3000:]
