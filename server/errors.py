@@ -382,7 +382,8 @@ def _json_words(value: object, within: set[int]) -> str:
 
 
 def _json_escape(char: str) -> str:
-    """A character that is not printable as a JSON string escapes it: \\uXXXX, a pair of them past U+FFFF."""
+    """A character that is not printable, as a JSON string escapes it: \\u and four hex digits, a surrogate pair past
+    U+FFFF."""
     code = ord(char)
     if code <= 0xFFFF:
         return f"\\u{code:04x}"

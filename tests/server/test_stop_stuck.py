@@ -82,6 +82,18 @@ def test_a_stop_waits_for_all_stuck_models_at_once_and_names_each(run_on, gated_
     run_on(loop, _stop_with_stuck_models(gated_model, count, caplog))
 
 
+async def _cancel_once(starting: asyncio.Future, reached: threading.Event, never: str) -> None:
+    """Cancel `starting` (a server's start) once the model has set `reached`; it ends cancelled within 3 s."""
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, reached.wait, 10), never
+    started = time.monotonic()
+    starting.cancel()
+    await asyncio.wait({starting})
+    took = time.monotonic() - started
+    assert starting.cancelled()
+    assert took < 3.0, f"the cancelled start took {took:.2f} s to end"
+
+
 async def _cancel_a_start_stuck_in_its_warm_up(gated_model, caplog) -> None:
     # The warm-up's forward blocks at the closed gate (`entered`: it reached the model).
     servable, module = gated_model(name="stuck")
@@ -91,15 +103,9 @@ async def _cancel_a_start_stuck_in_its_warm_up(gated_model, caplog) -> None:
     caplog.set_level(logging.ERROR, logger="wok")
     starting = asyncio.ensure_future(server.start())
     try:
-        assert await loop.run_in_executor(None, module.entered.wait, 10), "the warm-up never reached the model"
-        started = time.monotonic()
-        starting.cancel()
-        await asyncio.wait({starting})
-        took = time.monotonic() - started
-        assert starting.cancelled()
         # The start's cleanup waits a second, as a stop with no grace left does; unbounded, it waited for the
         # warm-up's forward (here the gate's 10 s backstop, a stuck model's forever).
-        assert took < 3.0, f"the cancelled start took {took:.2f} s to end"
+        await _cancel_once(starting, module.entered, "the warm-up never reached the model")
         assert server.abandoned_work
         logged = [r.getMessage() for r in caplog.records if "is still running" in r.getMessage()]
         assert logged == ["model 'stuck' is still running a batch as the start ended"], logged
@@ -150,13 +156,7 @@ async def _cancel_a_start_stuck_in_a_models_load(caplog) -> None:
     caplog.set_level(logging.ERROR, logger="wok")
     starting = asyncio.ensure_future(server.start())
     try:
-        assert await loop.run_in_executor(None, module.loading.wait, 10), "the build never reached the model's load"
-        started = time.monotonic()
-        starting.cancel()
-        await asyncio.wait({starting})
-        took = time.monotonic() - started
-        assert starting.cancelled()
-        assert took < 3.0, f"the cancelled start took {took:.2f} s to end"
+        await _cancel_once(starting, module.loading, "the build never reached the model's load")
         # The load goes on on its thread, which the process's exit waits for (a pool thread): the start gave the
         # model up, as the stop gives up a stuck batch, and said so.
         assert not module.loaded.is_set()
