@@ -12,8 +12,9 @@ What it checks, on --device (default cuda:0; `auto` as the server reads it, refu
   * a real server on loopback serving `mlp` on the GPU: 512 concurrent requests give the
     CPU's answers (rtol 1e-3, TF32 allowed) and the mean batch size.
 Exits 1 when a check fails; when the server's stop gives up on a model thread still running a batch (or a
-start cancelled, a Ctrl-C, leaves one loading or warming up), at once, its figures unreported, as `wok serve`
-exits then (Python's exit would wait for that thread), the error that ended the check, if one did, printed first;
+start cancelled, a Ctrl-C, leaves one loading or warming up, or a stop cancelled leaves one in a batch), at once,
+its figures unreported, as `wok serve` exits then (Python's exit would wait for that thread), the error that ended
+the check, if one did, printed first;
 on a second Ctrl-C in the server check, at once, as `wok serve` does on a second signal; and when --json cannot be
 written at the end (the figures are then kept in a temporary wok-bench-*.json, named on stderr). `--device cpu`
 runs the same steps without a GPU, as a dry run of the script itself (no overlap or pinning is expected there);

@@ -63,6 +63,8 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 ANSWER_WINDOW_S = 1.0
 # A bind gRPC refused though a plain socket binds there now (the port was held and let go meanwhile).
 _BIND_CAUSES = "gRPC refused it, naming no cause (a plain socket binds there now: the port may have been held a moment)"
+# The stop's last step (_stop_stages): until it has run, a model thread may be left in a batch (abandoned_work).
+_EXECUTORS_STEP = "the executors' shutdown"
 
 
 @functools.cache
@@ -154,8 +156,8 @@ class WokServer:
         self.metrics = WokMetrics(self.registry, enabled=settings.metrics)
         self.http: MetricsHTTPServer | None = None
         self.service: InferenceService | None = None
-        # Set when stop() gave up on a model thread; the process must then exit hard.
-        self.abandoned_work = False
+        # Set when a stop (or a cancelled start) gave up on a model thread (`abandoned_work`).
+        self._gave_up = False
         self.runtimes: dict[str, ModelRuntime] = {}
         self.port: int | None = None
         self.health_port: int | None = None
@@ -173,6 +175,7 @@ class WokServer:
         # One stop runs the steps at a time; those it ran to their end (or failure), and its failures: a stop
         # cancelled partway leaves the others to the next (_stop_stages).
         self._stop_lock = asyncio.Lock()
+        self._stop_calls = 0  # the stop() calls running or waiting for the lock: one will shut the executors down
         self._stop_done: set[str] = set()
         self._stop_failures: list[Exception] = []
         # The models whose batcher's stop has ended (a cancelled drain ends them all): not stopped again by the next.
@@ -187,6 +190,20 @@ class WokServer:
     @property
     def ready(self) -> bool:
         return self._started and not self.draining and self.device_lost is None
+
+    @property
+    def abandoned_work(self) -> bool:
+        """A model thread is left in a batch that nothing will end: the process must then exit hard (os._exit), as
+        Python's exit would wait for that thread. One a stop past its grace period, or a cancelled start, gave up
+        on; or, once a stop was cancelled before the executors' shutdown (left to a next stop() that no call has
+        made yet), a batch still in a model's executor. A caller that never stopped again read False there, with
+        the model's thread in its batch (a stuck one's for good). Counted on the loop (Batcher.inflight): a batch
+        that has just ended counts until its completion runs there."""
+        if self._gave_up:
+            return True
+        if not self.draining or self._stop_calls or self._stopped.is_set() or _EXECUTORS_STEP in self._stop_done:
+            return False
+        return any(rt.batcher.inflight for rt in self.runtimes.values())
 
     @property
     def started(self) -> bool:
@@ -420,7 +437,7 @@ class WokServer:
                 elif not building.done():
                     # The thread shuts down what it builds later, needing nothing of the loop.
                     log.error("model '%s' is still loading as the start ended", name)
-                    self.abandoned_work = True
+                    self._gave_up = True
             raise
 
     def _model_failed(self, name: str, exc: BaseException) -> None:
@@ -494,9 +511,18 @@ class WokServer:
 
         A stop cancelled partway (its drain then fails what is left, as past the grace period) leaves the steps it
         did not finish to the next stop(), which runs them within its own grace; one called meanwhile waits for it,
-        and takes over if it is cancelled. Once a stop has returned or raised, a later one returns at once."""
+        and takes over if it is cancelled. Until a next one is called, `abandoned_work` tells of a batch still in a
+        model. Once a stop has returned or raised, a later one returns at once."""
         if self._stopped is None:
             self._stopped = asyncio.Event()
+        self._stop_calls += 1
+        try:
+            await self._stop_locked(grace)
+        finally:
+            self._stop_calls -= 1
+
+    async def _stop_locked(self, grace: float | None) -> None:
+        """stop()'s work, one call at a time."""
         async with self._stop_lock:
             if self._stopped.is_set():
                 return
@@ -668,7 +694,7 @@ class WokServer:
         step("the metrics port's stop", self.http is not None, lambda: self.http.stop())
         step("the loop lag monitor's stop", self.loop_lag is not None, lambda: self.loop_lag.stop())
         step("the metrics' close", True, lambda: self.metrics.close())
-        step("the executors' shutdown", True, lambda: self._shutdown_executors(left))
+        step(_EXECUTORS_STEP, True, lambda: self._shutdown_executors(left))
 
         for what, run in steps:
             if what in self._stop_done:
@@ -703,7 +729,7 @@ class WokServer:
                 if end in pending:
                     # A batch stuck in the model: its thread cannot be interrupted from Python.
                     log.error("model '%s' is still running a batch %s", name, when)
-                    self.abandoned_work = True
+                    self._gave_up = True
                     end.cancel()  # its thread, ending later, then sets nothing
                 else:
                     # Setting `end` was its last step; joined so that the stop leaves only the

@@ -72,6 +72,7 @@ from .errors import (
     cut_middle,
     error_line,
     printable,
+    quoted_name,
     script_error,
 )
 from .faults import InstanceFault
@@ -1124,12 +1125,16 @@ class Executor:
                 first = device not in taken
                 taken.add(device)
                 self.instances.append(Instance(servable, i, device, depth, cpu_linear, self._lost, first))
-        except BaseException:
+        except BaseException as exc:
             # An instance failed to build (its module's move or copy, a CUDA stream; a BaseException too: a Ctrl-C
             # lands here where the bench tools build an executor on the main thread): nobody gets this executor to
             # shut down, so those built before it are shut down here, their pools closed (they start no thread
-            # before a batch) and their fault states stopped.
+            # before a batch) and their fault states stopped; then dropped, as is what the failing instance made:
+            # the error's traceback holds this frame (`self`) and that instance's, and with them each instance's
+            # module, a copy for every later instance on a device (on CUDA, device memory), as long as it is kept.
             self.shutdown()
+            self.instances.clear()
+            _clear_frames(exc)
             raise
 
     def devices_lost(self) -> dict[str, bool]:
@@ -1165,12 +1170,15 @@ class Executor:
             shape = (1, *s.warmup_shape(t))
             try:
                 sample[t.name] = np.zeros(shape, dtype=s.input_types[t.name].numpy)
-            except (MemoryError, ValueError) as exc:  # dims no host can hold (numpy: too many elements)
+            except (MemoryError, ValueError) as exc:  # dims no host can hold (numpy: too many elements, or dims)
+                # The name and the shape cut as a failed batch's shapes are: whole, a name of 5,000 characters or
+                # 5,000 dims made a line that left the config's path 256 characters, and that each command cut again.
                 raise WarmupError(
                     _with_config(
                         f"model '{s.name}': its start-up warm-up cannot make a sample of zeros for input "
-                        f"'{t.name}', shape {list(shape)} ({t.datatype}): {str(exc).rstrip('.')}; check that "
-                        "input's dims (and warmup_dims) in its config (",
+                        f"{quoted_name(t.name)}, shape {cut_message(str(list(shape)), WARMUP_SHAPES_BYTES)} "
+                        f"({t.datatype}): {str(exc).rstrip('.')}; check that input's dims (and warmup_dims) in its "
+                        "config (",
                         s.config.source,
                         ")",
                     )

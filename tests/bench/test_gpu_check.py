@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from ..server.conftest import gated_servable
+from ..server.conftest import gated_servable, until
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_DRY_RUN = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
@@ -84,6 +84,36 @@ async def _cancel_a_start_stuck_in_its_warm_up(gpu_check) -> None:
         await _join("wok-stuck-shutdown")
 
 
+async def _cancel_a_stop_draining_a_stuck_batch(gpu_check) -> None:
+    servable, module = gated_servable(max_batch_size=1, name="stuck", enter_when_closed=True)
+    loop = asyncio.get_running_loop()
+    held = {}
+
+    async def serve() -> None:
+        async with gpu_check.serving(servable, grace=30.0) as server:
+            held["server"] = server
+            module.gate.clear()
+            held["pending"] = server.runtime("stuck").batcher.submit(
+                {"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None
+            )
+            assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached the model"
+
+    serving = asyncio.ensure_future(serve())
+    try:
+        # The block ended: its stop's drain has begun, which waits for the batch.
+        await until(lambda: "server" in held and held["server"].runtime("stuck").batcher._stopping)
+        serving.cancel()  # asyncio.run's on a Ctrl-C
+        await asyncio.wait({serving})
+        # Not the cancellation (Ctrl-C's KeyboardInterrupt out of asyncio.run, then an exit that waits for the
+        # model's thread, which the cancelled stop never shut down): what main leaves on through os._exit.
+        assert isinstance(serving.exception(), gpu_check.LeftRunning), serving
+        held["pending"].future.exception()  # read: answered UNAVAILABLE by the cancelled drain
+    finally:
+        module.gate.set()
+        if "server" in held:
+            await held["server"].stop(grace=5.0)
+
+
 async def _stop_raising_as_it_gives_a_model_up(gpu_check, monkeypatch) -> None:
     servable, module = gated_servable(max_batch_size=1, name="stuck", enter_when_closed=True)
     loop = asyncio.get_running_loop()
@@ -121,11 +151,15 @@ async def _join(name: str) -> None:
             assert not t.is_alive(), f"{t.name} did not end"
 
 
-@pytest.mark.parametrize("leaves", [_serve_a_model_stuck_in_a_batch, _cancel_a_start_stuck_in_its_warm_up])
+@pytest.mark.parametrize(
+    "leaves",
+    [_serve_a_model_stuck_in_a_batch, _cancel_a_start_stuck_in_its_warm_up, _cancel_a_stop_draining_a_stuck_batch],
+)
 def test_a_server_that_leaves_a_model_running_is_told_not_reported_on(leaves):
     """The server check's server gave a model thread up as it stopped (its `abandoned_work`: a batch past the
-    grace period, a start cancelled in the warm-up): the script read none of it, reported on that server, and
-    Python's exit then waited for the thread. Now LeftRunning, which main says and leaves on through os._exit."""
+    grace period, a start cancelled in the warm-up, a stop cancelled in its drain of a stuck batch): the script read
+    none of it, reported on that server, and Python's exit then waited for the thread. Now LeftRunning, which main
+    says and leaves on through os._exit."""
     asyncio.run(leaves(_gpu_check()))
 
 

@@ -7,6 +7,7 @@ bench/gpu_check.py is the script to run on a GPU host.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import gc
 import os
 import sys
@@ -473,6 +474,63 @@ def test_warmup_dims_set_the_sizes_the_warm_up_runs_the_model_on(tmp_path):
         ex.shutdown()
 
 
+# (input name, dims, the refusal's words of them: its start, its end): a 5,000-character name, and 5,000 dims.
+HUGE_INPUTS = {
+    "long name": (
+        "x" * 5000,
+        [10**12, 10**12],
+        f"input '{'x' * 200}'… (5,000 characters in all), shape [1, 1000000000000, 1000000000000] (FP32): ",
+        "array is too big; `arr.size * arr.dtype.itemsize` is larger than the maximum possible size",
+    ),
+    "many dims": (
+        "INPUT0",
+        [1] * 5000,
+        "input 'INPUT0', shape [1, 1, 1, ",
+        "… (15,003 characters in all) (FP32): maximum supported dimension for an ndarray is currently 64, found 5001",
+    ),
+}
+
+
+@pytest.mark.parametrize("name, dims, start, end", HUGE_INPUTS.values(), ids=HUGE_INPUTS.keys())
+def test_a_warm_up_that_cannot_make_its_zeros_names_a_huge_input_cut_and_its_config_path_whole(
+    tmp_path, name, dims, start, end
+):
+    """The name and the shape went into the refusal whole: 5,000 characters of either pinned the config's path at
+    its least room (256 characters, cut in its middle) and made a line over MESSAGE_CHARS, which `wok serve` and
+    `wok profile` each cut again (cliargs.one_line), the path's end among what went. Cut as a batch's shapes are,
+    the line keeps its shape and a path of 300 characters whole."""
+    from wok.cliargs import one_line
+    from wok.config import model_config_from_dict
+    from wok.servable import Servable
+
+    source = str(tmp_path / ("p" * 250) / "config.toml")  # over 256 characters (a folder name's most is 255 bytes)
+    assert len(source) > 256
+    cfg = model_config_from_dict(
+        {
+            "name": "m",
+            "platform": "python",
+            "factory": "model:build",
+            "inputs": [{"name": name, "datatype": "FP32", "dims": dims}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": [-1]}],
+            "max_batch_size": 4,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        source,
+    )
+    ex = Executor(Servable(cfg, torch.nn.Identity()), cfg.instances, cpu_linear="torch")
+    try:
+        with pytest.raises(WarmupError) as info:
+            ex.warmup()
+    finally:
+        ex.shutdown()
+    message = str(info.value)
+    head = "model 'm': its start-up warm-up cannot make a sample of zeros for "
+    tail = f"; check that input's dims (and warmup_dims) in its config ({source})"
+    assert message.startswith(head + start) and message.endswith(end + tail), message[:300] + " ... " + message[-600:]
+    assert len(message) < 1_500, f"{len(message):,} characters"
+    assert one_line(message) == message  # as `wok serve` says it: not cut again
+
+
 class Exits(torch.nn.Module):
     """Raises `exc` (a BaseException, not an Exception) on every batch."""
 
@@ -516,35 +574,69 @@ def test_a_model_raising_a_base_exception_in_the_warm_up_fails_it_as_a_warm_up_e
     assert info.value.__cause__ is exc
 
 
-class CopyInterrupted(torch.nn.Linear):
-    """A module whose copy, which each later instance on its device runs (Servable.module_for_instance), raises
-    KeyboardInterrupt: a Ctrl-C landing as the second instance is built (the bench tools build executors on the
-    main thread). The copy's Exceptions are not raised: the instances then share the module."""
+class InterruptedAtTheThirdInstance(torch.nn.Linear):
+    """A module whose second copy (Servable.module_for_instance copies it for each later instance on its device)
+    raises KeyboardInterrupt once made, as the third instance reads its buffers: a Ctrl-C landing as that instance is
+    built (the bench tools build executors on the main thread). Keeps weakrefs to its copies (`copies`) and, as it
+    raises, to the instances built before it (`built`), read off the executor being built."""
+
+    def __init__(self) -> None:
+        super().__init__(2, 2)
+        self.copies: list[weakref.ref] = []  # the original's lists, shared by its copies (deepcopy's memo)
+        self.built: list[weakref.ref] = []
+        self.interrupts = False
 
     def __deepcopy__(self, memo):
-        raise KeyboardInterrupt
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        memo[id(self.copies)], memo[id(self.built)] = self.copies, self.built
+        for key, value in self.__dict__.items():
+            copied.__dict__[key] = copy.deepcopy(value, memo)
+        copied.__dict__["interrupts"] = len(self.copies) == 1
+        self.copies.append(weakref.ref(copied))
+        return copied
+
+    def buffers(self, recurse: bool = True):
+        if self.interrupts:
+            frame = sys._getframe()
+            while frame.f_code is not Executor.__init__.__code__:
+                frame = frame.f_back
+            self.built += [weakref.ref(inst) for inst in frame.f_locals["self"].instances]
+            del frame
+            raise KeyboardInterrupt
+        return super().buffers(recurse)
 
 
-def test_an_executor_failing_at_a_later_instance_shuts_down_the_instances_it_built():
-    # Nobody holds an executor whose construction raised: the instances built before the failing one were never
-    # shut down (their pools open, their fault states unstopped). On the CPU no worker thread starts before a batch,
-    # so none is left; on CUDA their streams are made at construction too.
+def test_an_executor_failing_at_a_later_instance_shuts_down_and_lets_go_of_the_instances_it_built():
+    """Nobody holds an executor whose construction raised: the instances built before the failing one were never
+    shut down (their pools open, their fault states unstopped). On the CPU no worker thread starts before a batch,
+    so none is left; on CUDA their streams are made at construction too. And the error held them (its traceback's
+    frames: the executor's `self`, the failing instance's), with the modules they run, a copy each for every later
+    instance on a device (on CUDA, in device memory), for as long as a caller kept it (`wok serve` until it
+    exits): now they can be collected while it is held."""
     import threading
 
-    with pytest.raises(KeyboardInterrupt) as info:
-        Executor(_servable(CopyInterrupted(2, 2), "later"), InstanceConfig(count=3, devices=("cpu",)))
-    tb = info.value.__traceback__
-    while tb.tb_frame.f_code is not Executor.__init__.__code__:
-        tb = tb.tb_next
-    left = tb.tb_frame.f_locals["self"]
+    module = InterruptedAtTheThirdInstance()
+    gc.collect()
+    gc.disable()  # the instances are in reference cycles (their pools' initializers): collected below, not before
     try:
-        (built,) = left.instances
+        with pytest.raises(KeyboardInterrupt) as info:
+            Executor(_servable(module, "later"), InstanceConfig(count=3, devices=("cpu",)))
+        built = [ref() for ref in module.built]
+        assert len(built) == 2 and None not in built and len(module.copies) == 2
         assert not [t.name for t in threading.enumerate() if t.name.startswith("wok-later-")]
-        with pytest.raises(RuntimeError, match=r"^cannot schedule new futures after shutdown$"):
-            built.submit([{"X": np.ones((1, 2), np.float32)}], [1], 0)
-        assert built.fault._stopped
+        for inst in built:
+            with pytest.raises(RuntimeError, match=r"^cannot schedule new futures after shutdown$"):
+                inst.submit([{"X": np.ones((1, 2), np.float32)}], [1], 0)
+            assert inst.fault._stopped
+        del built, inst
+        gc.collect()
+        assert info.value.__traceback__ is not None  # still held
+        assert [ref() for ref in module.built] == [None, None]
+        # The second instance's copy, and the third's, made before the interrupt.
+        assert [ref() for ref in module.copies] == [None, None]
     finally:
-        left.shutdown()
+        gc.enable()
 
 
 # What a batch on CUDA calls that may reach the CUDA runtime (a servable's assemble grows pinned buffers).

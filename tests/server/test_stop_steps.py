@@ -249,6 +249,35 @@ async def test_a_stop_cancelled_in_its_drain_is_finished_by_the_next_stop(gated_
     await server.stop()  # stopped: at once
 
 
+async def test_a_stop_cancelled_before_the_executors_shutdown_tells_of_a_model_still_in_a_batch(gated_model):
+    """A stop cancelled in its drain leaves the executors' shutdown to the next stop(): a caller that never calls it
+    again (a wait_for's, gpu_check's Ctrl-C) read `abandoned_work` False with the model's thread still in its batch,
+    which nothing would shut down and Python's exit then waits for, a stuck model's for good. It tells of that batch
+    while it runs, and of nothing once it has ended or the next stop shut the executors down."""
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    batcher = server.runtime("gated").batcher
+    try:
+        module.gate.clear()
+        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
+        stopping = asyncio.ensure_future(server.stop(grace=30.0))
+        await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
+        assert not server.abandoned_work  # a stop that runs will shut the executors down
+        stopping.cancel()
+        await asyncio.wait({stopping})
+        assert stopping.cancelled()
+        assert isinstance(pending.future.exception(), ShuttingDown), pending.future.exception()
+        assert server.abandoned_work
+    finally:
+        module.gate.set()
+    await until(lambda: not server.abandoned_work)  # the batch ended: no thread left in one
+    await asyncio.wait_for(server.stop(grace=5.0), 30)
+    assert all(executor_ended(inst) for inst in instances(server))
+    assert not server.abandoned_work
+
+
 def logged(caplog, exc: BaseException) -> list[logging.LogRecord]:
     """The records that carry `exc` as their traceback."""
     return [r for r in caplog.records if r.exc_info and r.exc_info[1] is exc]
