@@ -218,7 +218,11 @@ class LatencyHistogram:
     @classmethod
     def from_dict(cls, d: dict) -> LatencyHistogram:
         if d.get("unit") != "ns":
-            raise ValueError(f"histogram unit: expected 'ns'; got {d.get('unit')!r}")
+            # Imported here, on a refusal only: importing this module loads nothing of wok's (nor grpc, which
+            # wok.errors loads). The unit was shown as repr shows it: a missing one and a null both None.
+            from ..errors import shown_entry
+
+            raise ValueError(f"histogram unit: expected 'ns'; got {shown_entry(d, 'unit')}")
         h = cls(int(d["sub_bucket_bits"]))
         if len(d["buckets"]) != len(d["counts"]):
             raise ValueError("histogram buckets and counts differ in length")

@@ -418,6 +418,39 @@ def _oversized(reps: int) -> dict:
     return part
 
 
+def _after(runs: list[float]) -> str:
+    """A way's reps in their two groups (`_alternated` reverses the order every other rep), as the summary shows
+    them: the median of the even reps (0, 2, ...), each run right after the other way, and of the odd ones, right
+    after the same way again. The head alone took about ten times as long after a whole parse as after another
+    refusal (caches and TLB emptied by 60 MiB: docs/performance.md), and the median of all its reps is one of the
+    two; "none" for a group of no rep (one rep)."""
+    groups = [("a whole parse", runs[0::2]), ("another refusal", runs[1::2])]
+    return ", ".join(
+        f"{what} {statistics.median(v):,.1f} µs (median of {len(v)})" if v else f"{what} none" for what, v in groups
+    )
+
+
+def oversized_lines(part: dict) -> list[str]:
+    """`oversized`'s summary, as `main` prints it: each request's medians, parsed whole and by its head alone (or
+    refused unread), then the head's in its two groups of reps, by the way run before it (`_after`, from
+    `runs_us`)."""
+    m = part["median_us"]
+    lines = [
+        f"refusing a typed request of {part['bytes']:,} bytes over a limit of {part['max_request_bytes']:,}: parsed "
+        f"whole {m['parse_whole']:,.1f} µs, its head only {m['head_only']:,.1f} µs "
+        f"(median ratio {part['median_ratio_head_over_whole']:.3g})",
+        f"    its head only, by the way run before it: {_after(part['runs_us']['head_only'])}",
+    ]
+    for w in part["worst_cases"]:
+        m = w["median_us"]
+        lines.append(
+            f"  {w['case']} ({w['bytes']:,} bytes, {w['unread']}): parsed whole {m['parse_whole']:,.1f} µs, refused "
+            f"unread {m['head_only']:,.1f} µs (median ratio {w['median_ratio_head_over_whole']:.3g})"
+        )
+        lines.append(f"    refused unread, by the way run before it: {_after(w['runs_us']['head_only'])}")
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
@@ -508,18 +541,7 @@ def main(argv=None) -> int:
                     f"{r['rows']:>5}{r['bytes']:>8}{name:>12}{m[name]:>8.2f}{m['current']:>12.2f}"
                     f"{r['median_saved_us'][name]:>8.2f}{r['median_ratio_current_over'][name]:>12.3f}"
                 )
-    m = oversized["median_us"]
-    print(
-        f"\nrefusing a typed request of {oversized['bytes']:,} bytes over a limit of {OVERSIZED_LIMIT:,}: parsed "
-        f"whole {m['parse_whole']:,.1f} µs, its head only {m['head_only']:,.1f} µs "
-        f"(median ratio {oversized['median_ratio_head_over_whole']:.3g})"
-    )
-    for w in oversized["worst_cases"]:
-        m = w["median_us"]
-        print(
-            f"  {w['case']} ({w['bytes']:,} bytes, {w['unread']}): parsed whole {m['parse_whole']:,.1f} µs, refused "
-            f"unread {m['head_only']:,.1f} µs (median ratio {w['median_ratio_head_over_whole']:.3g})"
-        )
+    print("\n" + "\n".join(oversized_lines(oversized)))
     return finish_json(report, args.json, "large_decode: ")
 
 

@@ -75,7 +75,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import shown_data
+from ..errors import shown_data, shown_entry
 from . import analysis
 from .histogram import LatencyHistogram
 
@@ -584,7 +584,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(r), "a number")
             raise ValueError(f"{name}: expected a wok.bench result, a JSON object; got {got}")
         if r.get("schema") not in analysis.READ_SCHEMAS:
-            raise ValueError(f"{name}: expected schema {readable}; got {shown_data(r.get('schema'))}")
+            raise ValueError(f"{name}: expected schema {readable}; got {shown_entry(r, 'schema')}")
         if (r.get("config") or {}).get("source") != "bench":
             raise ValueError(f"{name}: only measured ramps (config.source 'bench') merge")
     schemas = {r["schema"] for r in results}

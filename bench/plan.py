@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..errors import quoted_name, shown_data, shown_value
+from ..errors import quoted_name, shown_data, shown_entry, shown_value
 from ..numerals import SPACES, read_decimal
 from .arrivals import DURATION, parse_duration
 from .outputs import json_text, replacing
@@ -539,7 +539,7 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     doc = _load_json(path, option)
     schema = doc.get("schema")
     if not (isinstance(schema, str) and schema.startswith("wok.profile/")):
-        raise ValueError(f"{option} {path}: expected schema 'wok.profile/1'; got {shown_data(schema)}")
+        raise ValueError(f"{option} {path}: expected schema 'wok.profile/1'; got {shown_entry(doc, 'schema')}")
     if schema != "wok.profile/1":
         raise ValueError(f"{option} {path}: schema {schema!r} is newer than the wok.profile/1 this planner reads")
     fit = doc.get("fit")
@@ -604,7 +604,7 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     file = f"{option} {path}"
     if doc.get("schema") not in RAMP_SCHEMAS:
         expected = " or ".join(map(repr, RAMP_SCHEMAS))
-        raise ValueError(f"{file}: expected schema {expected}; got {shown_data(doc.get('schema'))}")
+        raise ValueError(f"{file}: expected schema {expected}; got {shown_entry(doc, 'schema')}")
     best = doc.get("max_qps_under_slo")
     if best is None:
         raise ValueError(f"{file}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")

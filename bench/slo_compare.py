@@ -43,7 +43,7 @@ import numpy as np
 from wok.bench.outputs import output_problem, refuse_unwritable, write_final, write_outputs
 from wok.bench.payloads import integer_refusal
 from wok.bench.report import read_json_object
-from wok.errors import shown_data
+from wok.errors import shown_entry
 
 SCHEMA = "wok.slocompare/1"
 STEP_KEYS = ("offered_qps", "achieved_qps", "dispatch_lag_ms")
@@ -445,7 +445,7 @@ def read_run(path: Path) -> dict:
     """A finished run's document (`wok.slocompare/1`), for --replot; a ValueError says why not, after the path."""
     doc = read_json_object(path)
     if doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: expected schema {SCHEMA!r}; got {shown_data(doc.get('schema'))}")
+        raise ValueError(f"{path}: expected schema {SCHEMA!r}; got {shown_entry(doc, 'schema')}")
     if not isinstance(doc.get("runs"), list) or not isinstance(doc.get("config"), dict):
         raise ValueError(f"{path}: not a whole run; expected its runs and config")
     return doc

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import quoted_name, shown_data
+from ..errors import quoted_name, shown_entry
 from . import analysis
 from .analysis import ms_text as _ms
 from .payloads import integer_refusal
@@ -216,7 +216,7 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     """The `Profile` of a `wok.profile/1` document; a refusal starts with `where`. `source` (default
     `where`) is what the result records as the profile (`inputs.profile`)."""
     if doc.get("schema") != PROFILE_SCHEMA:
-        raise ValueError(f"{where}: expected schema {PROFILE_SCHEMA!r}; got {shown_data(doc.get('schema'))}")
+        raise ValueError(f"{where}: expected schema {PROFILE_SCHEMA!r}; got {shown_entry(doc, 'schema')}")
     try:
         fit = doc["fit"]
         alpha = _json_number(fit["alpha_s"], where, "fit.alpha_s", "a number of seconds")
@@ -322,7 +322,7 @@ def load_overhead(path: Path, what: str = "--overhead-samples") -> tuple[float, 
     """`wok tune --overhead-samples`'s file: its samples (s); every refusal names `what`, the path and the field."""
     doc = read_json(path, what)
     if doc.get("schema") != OVERHEAD_SCHEMA:
-        raise ValueError(f"{what} {path}: expected schema {OVERHEAD_SCHEMA!r}; got {shown_data(doc.get('schema'))}")
+        raise ValueError(f"{what} {path}: expected schema {OVERHEAD_SCHEMA!r}; got {shown_entry(doc, 'schema')}")
     samples = doc.get("samples_s")
     if samples is None or samples == []:
         # Said apart: both were "expected a wok.overhead/1 document with samples_s", of a document that had one.
@@ -371,7 +371,7 @@ def cpu_from_document(doc: dict, where: str = "CPU calibration") -> CpuStage:
     all), and `batch_alpha_s`/`batch_beta_s` together or neither (null: the profile's batch time).
     Each value a finite number ≥ 0; a refusal names `where` and the field."""
     if doc.get("schema") != CPU_SCHEMA:
-        raise ValueError(f"{where}: expected schema {CPU_SCHEMA!r}; got {shown_data(doc.get('schema'))}")
+        raise ValueError(f"{where}: expected schema {CPU_SCHEMA!r}; got {shown_entry(doc, 'schema')}")
 
     def value(key: str) -> float:
         # Checked here: a missing field read as 0 (0 cores: unbounded), and a NaN, an infinity or a negative
@@ -409,7 +409,9 @@ def _fit_sizes(doc: dict, where: str) -> tuple[float, ...]:
             raise ValueError(f"{where}: points[{i}]: expected an object; got {json_kind(point)}")
         # The batch time's fit ran on these: one that is not a mean batch (≥ 1 request) cannot bound it.
         expected = "the load's mean batch size, a finite number ≥ 1"
-        got = point.get("mean_batch_size")
+        if "mean_batch_size" not in point:  # said as a written null was: "got null"
+            raise ValueError(f"{where}: points[{i}].mean_batch_size: missing; expected {expected}")
+        got = point["mean_batch_size"]
         n = _json_number(got, where, f"points[{i}].mean_batch_size", expected)
         if not 1 <= n < math.inf:
             raise ValueError(f"{where}: points[{i}].mean_batch_size: expected {expected}; got {json_kind(got)}")

@@ -91,7 +91,7 @@ from wok.bench.outputs import WriteFailed, refuse_unwritable, replacing, write_f
 from wok.bench.payloads import integer_refusal
 from wok.bench.report import read_json_object
 from wok.bench.tune import SearchTooLarge  # the search's refusal (`check_search`), the library's own
-from wok.errors import shown_data
+from wok.errors import shown_entry
 
 # /1: before the CPU stage (`predicted_*` was the batcher-only prediction); /2: before cut ramps were left
 # out of the verdict (`tuned_at_least_default` and the medians were never null, runs had no `error`).
@@ -1207,9 +1207,7 @@ def read_run(path: Path) -> dict:
     """A finished run (`wok.tunecheck/1`, `/2` or `/3`) for --markdown; a ValueError says why not, after the path."""
     doc = read_json_object(path)
     if doc.get("schema") not in READ_SCHEMAS:
-        raise ValueError(
-            f"{path}: expected schema one of {', '.join(READ_SCHEMAS)}; got {shown_data(doc.get('schema'))}"
-        )
+        raise ValueError(f"{path}: expected schema one of {', '.join(READ_SCHEMAS)}; got {shown_entry(doc, 'schema')}")
     # A run stopped before its first calibration or its search (`error`) has them null: nothing to show.
     missing = [k for k in ("config", "host", "overhead", "tuned_setting", "runs", "verdict") if doc.get(k) is None]
     if missing:

@@ -342,8 +342,11 @@ def split_targets(target: str | Sequence[str]) -> list[tuple[str, int]]:
                 f"target {quoted_name(item)}: the wok balancer needs host:port, [ipv6]:port or dns:///name:port"
             )
         out.append(parsed)
-    if not out:
-        raise ValueError("no target given")
+    if not out:  # said "no target given", naming nothing given
+        raise ValueError(
+            f"target: expected host:port, [ipv6]:port, dns:///name:port or a list of them; got an empty "
+            f"{type(target).__name__}"
+        )
     return out
 
 

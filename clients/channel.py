@@ -94,7 +94,7 @@ from typing import Any
 
 import grpc
 
-from wok.errors import quoted_name
+from wok.errors import quoted_name, shown_value
 from wok.numerals import ascii_digits
 
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
@@ -167,6 +167,9 @@ def channel_options(
     return list(merged.items())
 
 
+TARGET_EXPECTED = "expected host:port, a gRPC target URI or a list of them"
+
+
 def channel_target(target: str | Sequence[str]) -> str:
     """The gRPC target URI for one target, or for several "host:port" servers.
 
@@ -184,8 +187,13 @@ def channel_target(target: str | Sequence[str]) -> str:
     (`looks_up` tells whether it does either).
     """
     targets = target_list(target)
-    if not targets:
-        raise ValueError("no target given")
+    if not targets or (len(targets) == 1 and isinstance(targets[0], str) and not targets[0].strip()):
+        # An empty target made a channel that failed only at the first call, UNKNOWN "the target uri is not valid".
+        if isinstance(target, str):
+            got = quoted_name(target)
+        else:
+            got = f"[{quoted_name(targets[0])}]" if targets else f"an empty {type(target).__name__}"
+        raise ValueError(f"target: {TARGET_EXPECTED}; got {got}")
     if len(targets) == 1:
         return targets[0]
     resolved = [_addresses(t) for t in targets]
@@ -234,6 +242,8 @@ def target_list(target: str | Sequence[str]) -> list[str]:
         if "," not in target or target.startswith(_SCHEMES):
             return [target]
         return [t.strip() for t in target.split(",")]
+    if not isinstance(target, Iterable):  # None: list()'s "'NoneType' object is not iterable"
+        raise TypeError(f"target: {TARGET_EXPECTED}; got {shown_value(target)}")
     return list(target)
 
 

@@ -540,10 +540,11 @@ async def finish_decoding(dec: DecodedRequest, servable, refuse: Callable[[], No
 
 # -- a large request as received ---------------------------------------------------------
 # A ModelInferRequest of this many bytes or more is parsed by `parse_infer_request`. Below it protobuf's own parse and
-# read of the raw tensors are quicker: the walk, the parse of the rest and the wrapper cost ~9.5 µs of the server's
-# read (with decode_request) at any size, where protobuf's copies grow with the tensors (64 KiB: 7.7 µs, 96 KiB: 9.3,
-# 128 KiB: 10.6-12.9). It was 64 KiB until 2026-12-06 (later), chosen while protobuf's way still paid
-# ByteSize's serialization (bench/large_decode.py's `break_even`; docs/performance.md).
+# read of the raw tensors are quicker: the walk, the parse of the rest and the wrapper cost 9.5-9.9 µs of the server's
+# read (with decode_request) at any size, where protobuf's copies grow with the tensors (64 KiB: 7.80 µs against the
+# walk's 9.56, 96 KiB: 9.86 against 9.65, 128 KiB: 10.60 against 9.63: docs/results/large-decode-2026-12-06f.json,
+# docs/performance.md). It was 64 KiB until 2026-12-06 (later), chosen while protobuf's way still paid ByteSize's
+# serialization (bench/large_decode.py's `break_even`).
 LARGE_REQUEST = 96 << 10
 _RAW_INPUT_TAG = (pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number << 3) | 2
 # The most top-level fields the walk reads before it leaves the message to protobuf: a request of raw tensors has

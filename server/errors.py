@@ -11,6 +11,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Mapping
 
 import grpc
 
@@ -344,7 +345,8 @@ def shown_data(value: object) -> str:
     False and None are Python's, no words of the file's), a string as names are (`quoted_name`) and in
     JSON's quotes inside an array or object, an integer too large for a float by its length (a body may
     hold one of thousands of digits), an array or object cut past NAME_CHARS (a list of 20,000 numbers
-    made a refusal of 129 KB). A value made by Python code is shown as Python writes it (`shown_value`)."""
+    made a refusal of 129 KB), a float that is no number (nan, inf) as Python's json writes and reads it: NaN,
+    Infinity, -Infinity. A value made by Python code is shown as Python writes it (`shown_value`)."""
     if isinstance(value, str):
         return quoted_name(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
@@ -354,15 +356,25 @@ def shown_data(value: object) -> str:
     return _json_words(value, set())
 
 
+def shown_entry(table: Mapping, key: str) -> str:
+    """The value under `key` of an object from a file or a JSON body, as a refusal shows it (`shown_data`), or
+    "none" where the object has no `key`: a value left out is not one written null (`table.get(key)` showed both
+    as null)."""
+    return shown_data(table[key]) if key in table else "none"
+
+
 def _json_words(value: object, within: set[int]) -> str:
-    """`value` as JSON writes it, but a float as Python does (nan and inf: JSON has no words for them, TOML
-    writes those), a string's characters that are not printable escaped (a line of a log cannot be broken by
-    one), a table's non-string key as the value it is (YAML's), and an array or object within itself (a YAML
-    alias) as `[...]`, as repr writes it, rather than without end. Anything else as Python writes it."""
+    """`value` as JSON writes it, a float as Python's json does (NaN, Infinity and -Infinity, which JSON has no
+    words for: those a result file holds and json.loads reads; Python's nan, TOML's, is no word of a JSON text's),
+    a string's characters that are not printable escaped (a line of a log cannot be broken by one), a table's
+    non-string key as the value it is (YAML's), and an array or object within itself (a YAML alias) as `[...]`, as
+    repr writes it, rather than without end. Anything else as Python writes it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
     if isinstance(value, str):
         text = json.dumps(value, ensure_ascii=False)
         return text if text.isprintable() else "".join(c if c.isprintable() else _json_escape(c) for c in text)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import shown_data
+from .errors import shown_data, shown_entry
 
 PROFILE_SCHEMA = "wok.profile/1"
 # Batch keys whose fits and arrival rates are kept per model. The default key is the shape of a
@@ -74,9 +74,11 @@ def read_profile_fit(path: Path) -> tuple[float, float]:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read profile {path}: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"profile {path}: expected schema {PROFILE_SCHEMA!r}; got {shown_data(got)}")
+    if not isinstance(doc, dict):
+        # Its type's name was shown as though it were the schema written: got 'list'.
+        raise ValueError(f"profile {path}: expected a JSON object of schema {PROFILE_SCHEMA!r}; got {shown_data(doc)}")
+    if doc.get("schema") != PROFILE_SCHEMA:
+        raise ValueError(f"profile {path}: expected schema {PROFILE_SCHEMA!r}; got {shown_entry(doc, 'schema')}")
     try:
         alpha, beta = doc["fit"]["alpha_s"], doc["fit"]["beta_s"]
     except (KeyError, TypeError) as exc:

@@ -88,6 +88,38 @@ def test_oversized_times_each_worst_case_refused_unread_against_parsed_whole(mon
             assert statistics.median(runs) == pytest.approx(figures["median_us"][way], rel=1e-12)
         assert figures["median_ratio_head_over_whole"] > 0
     assert all(w["bytes"] > 1 << 20 for w in part["worst_cases"])
+    # Each request's summary, then its head's two groups of reps: two reps, one in each.
+    lines = large_decode.oversized_lines(part)
+    assert len(lines) == 2 + 2 * len(large_decode.WORST_CASES)
+    for line, figures in zip(lines[1::2], [part, *part["worst_cases"]]):
+        first, second = figures["runs_us"]["head_only"]
+        assert line.endswith(
+            f"by the way run before it: a whole parse {first:,.1f} µs (median of 1), another refusal {second:,.1f} µs "
+            "(median of 1)"
+        )
+
+
+def test_oversized_s_summary_shows_the_head_s_two_groups_of_reps():
+    # It showed the head's median of all its reps alone, one of the two groups (after a whole parse, the even reps;
+    # after another refusal, the odd ones), which only the JSON's runs_us told apart.
+    def figures(head: list[float]) -> dict:
+        return {
+            "median_us": {"parse_whole": 120_000.0, "head_only": statistics.median(head)},
+            "runs_us": {"parse_whole": [120_000.0] * len(head), "head_only": head},
+            "median_ratio_head_over_whole": statistics.median(head) / 120_000.0,
+        }
+
+    part = {"bytes": 62_400_047, "max_request_bytes": 16 << 20} | figures([67.0, 6.0, 70.0, 5.0, 60.0])
+    part["worst_cases"] = [{"case": "cut_short", "bytes": 62_400_048, "unread": "a tag cut short"} | figures([51.0])]
+    assert large_decode.oversized_lines(part) == [
+        "refusing a typed request of 62,400,047 bytes over a limit of 16,777,216: parsed whole 120,000.0 µs, its head "
+        "only 60.0 µs (median ratio 0.0005)",
+        "    its head only, by the way run before it: a whole parse 67.0 µs (median of 3), another refusal 5.5 µs "
+        "(median of 2)",
+        "  cut_short (62,400,048 bytes, a tag cut short): parsed whole 120,000.0 µs, refused unread 51.0 µs (median "
+        "ratio 0.000425)",
+        "    refused unread, by the way run before it: a whole parse 51.0 µs (median of 1), another refusal none",
+    ]
 
 
 def test_break_even_times_protobufs_read_against_the_walks_at_each_size(monkeypatch):

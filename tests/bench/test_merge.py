@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import subprocess
 import sys
@@ -156,6 +157,19 @@ def test_a_histogram_that_does_not_add_up_or_another_layout_is_refused():
     assert np.isnan(LatencyHistogram().summary()["p99"])
 
 
+@pytest.mark.parametrize(
+    ("unit", "got"),
+    [({"unit": "ms"}, "'ms'"), ({"unit": None}, "null"), ({}, "none"), ({"unit": math.nan}, "NaN"), ({"unit": 1}, "1")],
+    ids=["ms", "null", "missing", "nan", "number"],
+)
+def test_a_histogram_of_another_unit_is_refused_naming_what_it_holds(unit, got):
+    # The unit was shown by repr: a missing one and a null alike as None, Python's word.
+    d = {k: v for k, v in LatencyHistogram.from_ms([1.0]).to_dict().items() if k != "unit"} | unit
+    with pytest.raises(ValueError) as info:
+        LatencyHistogram.from_dict(d)
+    assert str(info.value) == f"histogram unit: expected 'ns'; got {got}"
+
+
 # -- merging results --------------------------------------------------------------------------------------
 def _requests(rng, n, duration):
     intended = np.sort(rng.uniform(0, duration, n))
@@ -306,7 +320,7 @@ LEAST = "the least share of a step's requests that succeed for it to pass, above
         (2.0, "2.0"),
         (0.0, "0.0"),
         (-0.5, "-0.5"),
-        (float("nan"), "nan"),
+        (float("nan"), "NaN"),  # the file's word: it was "nan", Python's
         ("0.5", "'0.5'"),
         (None, "null"),  # in the file's words: it was "None", Python's
         (True, "true"),
@@ -353,6 +367,14 @@ def test_parts_of_both_schema_versions_do_not_merge_and_one_versions_parts_keep_
         ValueError, match=r"b\.json: expected schema 'wok\.bench/1' or 'wok\.bench/2'; got 'wok\.bench/3'"
     ):
         merge_results([parts[0], unknown], ["a.json", "b.json"])
+    # A result without a schema was said to hold a null one.
+    (left_out := json.loads(json.dumps(parts[1]))).pop("schema")
+    with pytest.raises(ValueError) as info:
+        merge_results([parts[0], left_out], ["a.json", "b.json"])
+    assert str(info.value) == "b.json: expected schema 'wok.bench/1' or 'wok.bench/2'; got none"
+    with pytest.raises(ValueError) as info:
+        merge_results([parts[0], {**left_out, "schema": None}], ["a.json", "b.json"])
+    assert str(info.value) == "b.json: expected schema 'wok.bench/1' or 'wok.bench/2'; got null"
 
 
 def test_steps_only_some_parts_ran_are_left_out_with_a_warning(split_ramp):

@@ -658,6 +658,11 @@ def test_from_ramp_refuses_results_without_an_answer(tmp_path):
         ValueError, match=r"other\.json: expected schema 'wok\.bench/1' or 'wok\.bench/2'; got 'wok\.plan/1'"
     ):
         plan.batch_from_ramp(tmp_path / "other.json")
+    # A file without a schema was said to hold a null one.
+    (tmp_path / "none.json").write_text("{}")
+    with pytest.raises(ValueError) as info:
+        plan.batch_from_ramp(tmp_path / "none.json")
+    assert str(info.value).endswith("none.json: expected schema 'wok.bench/1' or 'wok.bench/2'; got none")
     # A hand-edited or truncated file: a missing figure is named, not a KeyError traceback.
     for drop, where in (("achieved_qps", 1), ("offered_qps", 0), ("slo_p99_ms", None)):
         doc = json.loads(_ramp(tmp_path).read_text())
@@ -1480,12 +1485,13 @@ def test_an_unreadable_file_is_refused_naming_its_option(option, text, why, tmp_
 
 
 def test_a_non_finite_number_in_a_profile_is_refused_as_such(tmp_path, wok_cli):
-    """JSON's NaN reads as a float: it was refused as 'nan must be decimal text, not a binary float'."""
+    """JSON's NaN reads as a float: it was refused as 'nan must be decimal text, not a binary float'. Shown as the
+    file writes it (it was "got nan", Python's word)."""
     path = tmp_path / "profile.json"
-    for value, shown in (("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf")):
+    for value in ("NaN", "Infinity", "-Infinity"):
         path.write_text('{"schema": "wok.profile/1", "fit": {"alpha_s": ' + value + ', "beta_s": 0.001}}')
         status, _, err = wok_cli("plan", "--profile", str(path), "--batch-size", "16", "--peak-qps", "5000")
-        assert (status, err) == (2, f"wok plan: --profile {path}: fit.alpha_s: expected a finite number; got {shown}\n")
+        assert (status, err) == (2, f"wok plan: --profile {path}: fit.alpha_s: expected a finite number; got {value}\n")
     status, _, err = wok_cli("plan", "--peak-qps", "nan", "--t-batch", "20ms", "--batch-size", "16")
     assert (status, err) == (2, "wok plan: --peak-qps: expected a finite number; got 'nan'\n")
 

@@ -304,6 +304,23 @@ def test_an_overhead_file_of_another_schema_is_refused_naming_its_option(tmp_pat
     assert str(refused.value) == f"--overhead-samples {path}: expected schema 'wok.overhead/1'; got 'wok.overhead/2'"
 
 
+@pytest.mark.parametrize(
+    ("doc", "got"), [({"samples_s": [1e-3]}, "none"), ({"schema": None, "samples_s": [1e-3]}, "null")]
+)
+def test_a_schema_left_out_is_said_apart_from_one_written_null(tmp_path, doc, got):
+    # Both were "got null", as doc.get("schema") read them: a file without the field said it held a null.
+    from wok.bench.tune import profile_from_document
+
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as refused:
+        load_overhead(path)
+    assert str(refused.value) == f"--overhead-samples {path}: expected schema 'wok.overhead/1'; got {got}"
+    with pytest.raises(ValueError) as refused:
+        profile_from_document(doc)
+    assert str(refused.value) == f"profile: expected schema 'wok.profile/1'; got {got}"
+
+
 def test_choose_breaks_ties_by_delay_then_batch_size():
     rows = [
         {"max_batch_size": 32, "max_queue_delay_ms": 5.0, "max_qps": 1000.0},
@@ -1221,11 +1238,15 @@ MEAN_BATCH = "expected the load's mean batch size, a finite number ≥ 1"
     [
         ({"load": 1}, "points: expected a list of the calibration's loads; got an object"),
         ([3.0], "points[0]: expected an object; got 3.0"),
-        ([{"mean_batch_size": 4.0}, {}], f"points[1].mean_batch_size: {MEAN_BATCH}; got null"),
+        (
+            [{"mean_batch_size": 4.0}, {}],
+            "points[1].mean_batch_size: missing; expected the load's mean batch size, a finite number ≥ 1",
+        ),
+        ([{"mean_batch_size": None}], f"points[0].mean_batch_size: {MEAN_BATCH}; got null"),
         ([{"mean_batch_size": "4"}], f"points[0].mean_batch_size: {MEAN_BATCH}; got a string ('4')"),
         ([{"mean_batch_size": 0.5}], f"points[0].mean_batch_size: {MEAN_BATCH}; got 0.5"),
     ],
-    ids=["not-a-list", "not-an-object", "missing", "a-string", "below-1"],
+    ids=["not-a-list", "not-an-object", "missing", "null", "a-string", "below-1"],
 )
 def test_a_calibrations_points_it_cannot_read_are_refused_naming_the_field(tmp_path, points, got):
     from wok.bench.tune import load_cpu

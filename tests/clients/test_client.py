@@ -621,6 +621,46 @@ async def test_a_refused_argument_is_shown_quoted_and_cut_as_names_are():
     assert str(info.value) == f"outputs: expected a list of output names; got the string {shown}; pass [{shown}]"
 
 
+TARGET_EXPECTED = "target: expected host:port, a gRPC target URI or a list of them; got "
+
+
+@pytest.mark.parametrize(
+    ("target", "got"),
+    [("", "''"), ("  ", "'  '"), ([], "an empty list"), ((), "an empty tuple"), ([""], "['']")],
+    ids=["empty", "blank", "empty-list", "empty-tuple", "one-empty"],
+)
+async def test_no_target_is_refused_saying_what_was_given(target, got):
+    # An empty list was "no target given", naming nothing given; an empty string made a client whose first call
+    # failed UNKNOWN, "the target uri is not valid".
+    with pytest.raises(ValueError) as info:
+        channel_target(target)
+    assert str(info.value) == TARGET_EXPECTED + got
+    with pytest.raises(ValueError) as info:
+        AsyncClient(target)
+    assert str(info.value) == TARGET_EXPECTED + got
+    with pytest.raises(ValueError) as info:
+        Client(target)
+    assert str(info.value) == TARGET_EXPECTED + got
+
+
+def test_a_target_of_no_string_nor_list_is_refused_by_its_type():
+    # None was list()'s "'NoneType' object is not iterable", naming no argument.
+    for given in (None, 8001):
+        with pytest.raises(TypeError) as info:
+            Client(given)
+        assert str(info.value) == TARGET_EXPECTED + repr(given)
+
+
+def test_the_wok_balancer_refuses_an_empty_list_of_targets_saying_so():
+    from wok.clients.balancer import split_targets
+
+    with pytest.raises(ValueError) as info:
+        split_targets([])
+    assert str(info.value) == (
+        "target: expected host:port, [ipv6]:port, dns:///name:port or a list of them; got an empty list"
+    )
+
+
 async def test_a_callers_id_that_an_automatic_id_repeats_is_refused_after_the_results(serve):
     x = requests_for("mlp", np.random.default_rng(15))
     items = [{"model": "mlp", "inputs": x, "request_id": "1"}, ("mlp", x), ("mlp", x)]

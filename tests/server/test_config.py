@@ -751,15 +751,18 @@ def test_default_timeout_ms_is_bounded_as_slo_ms(tmp_path, value):
     assert msg == (f"{path}: dynamic_batching.default_timeout_ms: expected <= 600000; got {value}")
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize(
+    ("value", "shown"), [(float("nan"), "NaN"), (float("inf"), "Infinity"), (float("-inf"), "-Infinity")]
+)
 @pytest.mark.parametrize("field", ["max_queue_delay_ms", "default_timeout_ms", "slo_ms", "slo_quantile"])
 @pytest.mark.parametrize("filename", ["config.toml", "config.yaml"])
-def test_a_time_or_quantile_that_is_no_finite_number_is_named_so(tmp_path, field, value, filename):
+def test_a_time_or_quantile_that_is_no_finite_number_is_named_so(tmp_path, field, value, shown, filename):
     # nan was refused as "Input should be less than or equal to 60000 (got nan)", as though a smaller nan
-    # would do; TOML writes nan and inf, YAML .nan and .inf.
+    # would do; TOML writes nan and inf, YAML .nan and .inf: shown in JSON's words, as any value of a file is
+    # (Python's json writes and reads NaN and Infinity), at the top level as within a list.
     batching = {"policy": "slo", "slo_ms": 50.0} if field.startswith("slo") else {}
     msg, path = load_error(tmp_path, changed(dynamic_batching={**batching, field: value}), filename=filename)
-    assert msg == f"{path}: dynamic_batching.{field}: expected a finite number; got {value}"
+    assert msg == f"{path}: dynamic_batching.{field}: expected a finite number; got {shown}"
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
@@ -988,6 +991,17 @@ def test_yaml_booleans_and_nulls_are_shown_in_the_file_s_words_nested_too(tmp_pa
     with pytest.raises(ConfigError) as info:
         load_model_config(d)
     assert str(info.value).endswith("colour: expected a known setting; got an unknown one, set to [true, [...]]")
+
+
+@pytest.mark.parametrize("filename", ["config.toml", "config.yaml"])
+def test_a_nan_or_infinity_within_a_list_is_shown_in_json_s_words(tmp_path, filename):
+    # They were nan, inf and -inf within a JSON-worded list, words no JSON reader takes; NaN and Infinity as the top
+    # level shows them (Python's json writes and reads them).
+    msg, path = load_error(tmp_path, changed(colour=[1.5, math.nan, {"x": math.inf, "y": -math.inf}]), filename)
+    assert msg == (
+        f'{path}: colour: expected a known setting; got an unknown one, set to [1.5, NaN, {{"x": Infinity, '
+        '"y": -Infinity}]'
+    )
 
 
 @pytest.mark.parametrize("index", ["\N{SUPERSCRIPT TWO}", "\N{ARABIC-INDIC DIGIT THREE}"])

@@ -35,7 +35,7 @@ INSTANCES = {"mlp": 2, "recsys": 1}
         ({"model": "mlp", "mode": "slow"}, "delay_ms", "null"),
         ({"model": "mlp", "mode": "slow", "delay_ms": -1}, "delay_ms", "-1"),
         ({"model": "mlp", "mode": "slow", "delay_ms": "50"}, "delay_ms", "'50'"),
-        ({"model": "mlp", "mode": "slow", "delay_ms": float("nan")}, "delay_ms", "nan"),
+        ({"model": "mlp", "mode": "slow", "delay_ms": float("nan")}, "delay_ms", "NaN"),  # the body's word
         # Beyond a float's range: math.isfinite raised OverflowError on these instead.
         ({"model": "mlp", "mode": "slow", "delay_ms": 10**400}, "delay_ms", "an integer of 401 digits"),
         ({"model": "mlp", "mode": "slow", "delay_ms": -(10**309)}, "delay_ms", "an integer of 310 digits"),

@@ -127,8 +127,9 @@ def test_a_large_request_is_decoded_from_the_received_bytes_without_copying_its_
 @pytest.mark.parametrize("values", [4, 10_000], ids=["tiny", "80_KiB"])
 def test_a_small_request_is_protobufs_message(values):
     # Below LARGE_REQUEST, protobuf's parse and copies are quicker than the walk of the fields that finds the raw ones:
-    # with decode_request, 7.7 µs against 9.4 for 64 KiB of raw tensor, equal at 96 KiB (bench/large_decode.py's
-    # `break_even`); an 80 KiB request was read in place when the threshold was 64 KiB.
+    # with decode_request, 7.80 µs against 9.56 for 64 KiB of raw tensor, 9.86 against 9.65 at 96 KiB (bench/
+    # large_decode.py's `break_even`, docs/results/large-decode-2026-12-06f.json); an 80 KiB request was read in place
+    # when the threshold was 64 KiB.
     data = encode_request("wide", {"ids": np.zeros((1, values), np.int64)}).SerializeToString()
     assert type(parse(data)) is pb.ModelInferRequest
     assert_decoded_alike(data)

@@ -1773,5 +1773,5 @@ def test_a_nan_queue_delay_makes_wok_serve_exit_2_saying_it_must_be_a_finite_num
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2, stderr[-2000:]
     assert stderr.splitlines()[-1:] == [
-        f"wok: {d / 'config.toml'}: dynamic_batching.max_queue_delay_ms: expected a finite number; got nan"
+        f"wok: {d / 'config.toml'}: dynamic_batching.max_queue_delay_ms: expected a finite number; got NaN"
     ]

@@ -516,6 +516,25 @@ def test_config_checks_the_policy_fields(slow_repository):
     assert db.policy == "slo" and db.slo_ms == 30 and db.slo_profile == root / "slow" / "p.json"
 
 
+@pytest.mark.parametrize(
+    ("doc", "refusal"),
+    [
+        ({"fit": {}}, "expected schema 'wok.profile/1'; got none"),
+        ({"schema": None}, "expected schema 'wok.profile/1'; got null"),
+        ([1, 2], "expected a JSON object of schema 'wok.profile/1'; got [1, 2]"),
+    ],
+    ids=["left-out", "null", "an-array"],
+)
+def test_a_profile_without_a_schema_is_refused_saying_what_it_holds(tmp_path, doc, refusal):
+    # A schema left out was "got null", as a written null; an array was "got 'list'", its type's name shown as though
+    # it were the schema written.
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as info:
+        policy_module.read_profile_fit(path)
+    assert str(info.value) == f"profile {path}: {refusal}"
+
+
 async def test_a_profile_unreadable_by_the_start_fails_it_with_the_model_s_threads_shut_down(slow_repository):
     # The config is checked as the repository loads; the server reads the profile again as it
     # builds the model's batcher, after the model's load and warm-up. A profile edited between the
