@@ -362,9 +362,13 @@ class Instance:
         """
         left_out: list = []
         ran: list = []
+        # The inputs go in a box the worker empties as it takes the batch: the pool's work item keeps its arguments
+        # until its thread runs again after setting the future, whose callbacks (the batcher's) have the loop answer
+        # at once; a thread the OS did not run again at once (a loaded host) held the requests' received bytes.
+        handed = [inputs]
         if self.cuda:
             done: concurrent.futures.Future = concurrent.futures.Future()
-            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot], deadlines, left_out, ran)
+            launched = self._worker.submit(self._launch_cuda, handed, rows, self.slots[slot], deadlines, left_out, ran)
             launched.add_done_callback(
                 lambda f: _after_launch(
                     f, done, lambda result: self._waiter.submit(self._finish_cuda, result, left_out, ran)
@@ -375,7 +379,7 @@ class Instance:
             # it cancels `done` (_after_launch); one launched is on the device's streams for good.
             done.withdraw = _canceller(launched)
         else:
-            done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines, left_out, ran)
+            done = self._worker.submit(self._run_cpu, handed, rows, self.slots[slot], deadlines, left_out, ran)
             # The pool's future: cancel() succeeds only while it is pending, and the worker skips a
             # cancelled one (both under the future's lock: no batch is both cancelled and started).
             done.withdraw = _canceller(done)
@@ -446,10 +450,11 @@ class Instance:
 
     # -- CPU: every stage in order on the worker thread -----------------------------------
     def _run_cpu(
-        self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
+        self, handed: list, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
     ) -> BatchResult:
+        """`handed`: [the batch's inputs], emptied here (submit)."""
         t0 = time.perf_counter()
-        inputs, rows, kept = _live(inputs, rows, deadlines, t0)
+        inputs, rows, kept = _live(handed.pop(), rows, deadlines, t0)
         if not rows:
             return BatchResult([], StageTimes(), self.index, t0, t0, kept=kept)
         samples = sum(rows)
@@ -473,12 +478,18 @@ class Instance:
                 out = None
                 _clear_frames(exc)
                 outcomes, reruns = self._isolate(exc, lambda i, r: self._cpu_batch(i, r, slot), inputs, rows)
+                inputs = None  # the batch's error, its result's, keeps this frame: see the raise below
                 t2 = time.perf_counter()
                 times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, 0.0)
                 return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=exc, reruns=reruns)
-        except BaseException:
+        except BaseException as exc:
             _note_left_out(left_out, kept, t0)
             _note_raised(ran, t0)
+            # The error's traceback keeps this frame and those it called, finished (a failed assembly's hold the
+            # requests, a forward's its activations), for as long as the error lives: the callers answered with it,
+            # and the worker's work item, which holds the future until its thread runs again.
+            inputs = out = None
+            _clear_frames(exc)
             raise
         self.all_failed_runs = 0
         t3 = time.perf_counter()
@@ -630,6 +641,8 @@ class Instance:
                     part(mid, hi)
                 return
             except BaseException as exc:  # wok's own work on the part failed, not the model: so would every part's
+                if self.lost is None:  # its frames hold the part's inputs; on a lost device see _launch_live
+                    _clear_frames(exc)
                 own = exc
                 stop = _model_failed(self.servable.name, exc)
                 stop.__cause__ = exc
@@ -670,6 +683,9 @@ class Instance:
             failed,
             exc_info=failure,
         )
+        # The parts' errors, the answers of those that failed alone, keep `part`'s frames, which read the batch's
+        # inputs through this cell.
+        inputs = None
         return outcomes, reruns
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
@@ -695,13 +711,15 @@ class Instance:
         return True
 
     def _launch_cuda(
-        self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
+        self, handed: list, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
     ):
+        """`handed`: [the batch's inputs], emptied here (submit)."""
         lost = self.lost
         if lost is not None:  # nothing runs: no time on the instance, no request left out
+            handed.clear()
             raise lost
         t0 = time.perf_counter()
-        inputs, rows, kept = _live(inputs, rows, deadlines, t0)
+        inputs, rows, kept = _live(handed.pop(), rows, deadlines, t0)
         if not rows:
             return None, None, 0.0, t0, rows, kept
         try:
@@ -709,7 +727,13 @@ class Instance:
         except BaseException as exc:
             _note_left_out(left_out, kept, t0)
             _note_raised(ran, t0)
-            if self._note_device_error(exc):  # met outside the forward: a pinned buffer's allocation, an event's
+            device_error = self._note_device_error(exc)  # met outside the forward: a pinned buffer's, an event's
+            # As _run_cpu's: the traceback's frames go, _launch_live's device tensors with them, except on a lost
+            # device (see _launch_live), where only the inputs go.
+            inputs = None
+            if self.lost is None:
+                _clear_frames(exc)
+            if device_error:
                 raise _model_failed(self.servable.name, exc) from exc
             raise
 
@@ -775,6 +799,7 @@ class Instance:
             # A device-side error (of this batch, or of the one before it, met at a sync in this
             # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
             if self._note_device_error(exc) or not self._may_isolate(rows):
+                inputs = None  # kept by the error's traceback: _launch_cuda clears the frames only on a live device
                 if failure is exc:
                     raise
                 raise failure from exc
@@ -787,6 +812,7 @@ class Instance:
             _clear_frames(exc)
             # Parts run one at a time, each waited for: the failure path, not the pipelined one.
             outcomes, reruns = self._isolate(failure, lambda i, r: self._cuda_batch(i, r, slot), inputs, rows)
+            inputs = None  # the batch's error, its result's, keeps this frame: see _run_cpu
             t2 = time.perf_counter()
             times = StageTimes(assemble, NOT_RUN, t2 - t0 - assemble, 0.0)
             return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=failure, reruns=reruns)

@@ -321,7 +321,6 @@ async def test_an_answer_waiting_to_be_written_keeps_nothing_of_its_request(serv
                         await asyncio.sleep(0.005)
 
                 await asyncio.wait_for(answered(), 10)
-                await _batches_let_go(server, "sink")
                 held = tracemalloc.get_traced_memory()[0] - before
             finally:
                 tracemalloc.stop()
@@ -336,21 +335,9 @@ async def test_an_answer_waiting_to_be_written_keeps_nothing_of_its_request(serv
     assert server.service.active == 0
 
 
-async def _batches_let_go(server, model: str) -> None:
-    """Return once each of `model`'s worker threads has let go of the batches it ran. A worker hands a batch's result
-    to the loop, which may answer it, write the answer and count it at once, before the worker drops the batch's
-    work item, whose inputs are views of the requests' received bytes: a worker the OS has not run again by then (a
-    loaded host) still holds them. The worker runs its work one item at a time and drops each before it takes the
-    next: once a no-op queued behind the batches has run, they are let go. The no-op is no batch: what the worker
-    kept of a batch until its next one would still be held."""
-    for inst in server.runtimes[model].executor.instances:
-        await asyncio.wrap_future(inst._worker.submit(int))
-
-
 async def _idle_streams(server, stub, request: pb.ModelInferRequest, n: int) -> list:
     """`n` open streams, each having sent `request` once and read its answer; returns once the server has written
-    and counted every answer, when each stream's handler waits for the next request and the next answer, and the
-    model's worker threads have let go of the batches (_batches_let_go)."""
+    and counted every answer, when each stream's handler waits for the next request and the next answer."""
     calls = []
     for _ in range(n):
         call = stub.ModelStreamInfer(timeout=30)
@@ -364,7 +351,6 @@ async def _idle_streams(server, stub, request: pb.ModelInferRequest, n: int) -> 
             await asyncio.sleep(0.005)
 
     await asyncio.wait_for(idle(), 10)
-    await _batches_let_go(server, request.model_name)
     return calls
 
 
