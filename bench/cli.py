@@ -1308,35 +1308,35 @@ def add_profile_parser(sub) -> None:
 
 @contextlib.contextmanager
 def _profile_progress(label: str, total: int):
-    """What `wok profile` calls with each number of batches run (profiler.Progress): a bar on stderr (stdout: the
-    table) where that is a terminal that draws one, as the ramp's (runner.live_bar_console); elsewhere (nohup, CI, a
-    pipe) plain lines there, on the ramp's schedule (runner.plain_count_line). Until 2026-12-06 none there: the
-    bar, off so that its stop wrote no empty line before a refusal, left a long profile silent."""
-    import time
-
-    from .runner import live_bar_console, plain_count_line
+    """What `wok profile` tells its progress to (profiler.Progress): a bar on stderr (stdout: the table) where that is
+    a terminal that draws one, as the ramp's (runner.live_bar_console); elsewhere (nohup, CI, a pipe) plain lines
+    there, on time while a batch or a phase runs (runner.PlainProgress). Until 2026-12-06 none there: the bar, off so
+    that its stop wrote no empty line before a refusal, left a long profile silent."""
+    from .runner import PlainProgress, live_bar_console
 
     console = live_bar_console()
     if console is None:
-        start = time.monotonic()
-        done, last = 0, 0.0
-
-        def plain(k: int) -> None:
-            nonlocal done, last
-            done += k
-            elapsed = time.monotonic() - start
-            if (line := plain_count_line(label, done, total, "batches", elapsed, last)) is not None:
-                last = elapsed
-                print(line, file=sys.stderr, flush=True)
-
-        yield plain
+        with PlainProgress(label, total, "batches", lambda line: print(line, file=sys.stderr, flush=True)) as plain:
+            yield plain
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda k: bar.advance(task, k)
+        yield _BarProgress(bar, bar.add_task(label, total=total), label)
+
+
+class _BarProgress:
+    """profiler.Progress on rich's bar: the batches advance it, a phase is said beside the label."""
+
+    def __init__(self, bar, task, label: str) -> None:
+        self.bar, self.task, self.label = bar, task, label
+
+    def __call__(self, batches: int) -> None:
+        self.bar.advance(self.task, batches)
+
+    def phase(self, name: str | None) -> None:
+        self.bar.update(self.task, description=self.label if name is None else f"{self.label}: {name}")
 
 
 def run_profile(args) -> int:

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 # (a short step prints none) and no rarer than that.
 PLAIN_PROGRESS_MIN_S = 10.0
 PLAIN_PROGRESS_MAX_S = 60.0
+# How often PlainProgress's thread looks whether a line is due, as WorkerPool.finish ticks a ramp's step.
+PLAIN_TICK_S = 0.2
 STATUS_NAMES: dict[int, str] = {}
 
 
@@ -66,27 +68,105 @@ def live_bar_console() -> Console | None:
     return console if sys.stderr.isatty() and console.is_interactive else None
 
 
-def plain_count_line(label: str, done: int, total: int, unit: str, elapsed_s: float, last_s: float) -> str | None:
-    """Off a terminal, a line on the way through `total` items (`wok profile`'s batches), if one is due: `done` of
-    them done `elapsed_s` seconds from the start, the last line at `last_s` (0: none yet). Due a step's period
-    (plain_progress_every) after the last, for the whole's time as the pace so far foretells it (`elapsed_s` ×
-    `total` / `done`), which is all a count knows of it: none for a run over before the first period, none for the
-    last item."""
-    if not 0 < done < total or elapsed_s - last_s < plain_progress_every(elapsed_s * total / done):
+def plain_due(elapsed_s: float, due_s: float, every_s: float) -> float | None:
+    """Off a terminal, the one rule of when a progress line is due, for a ramp's step and `wok profile` alike: a
+    period `every_s` after the last one was due (`due_s`; 0 for none yet), `elapsed_s` seconds from the start. The
+    time the line due now stands for, on that grid (a tick late by more than a period shows the latest period alone,
+    and the next is due a period after it), else None. Until 2026-12-06 the profile's count timed its next line from
+    the last one shown, the ramp from the step's start."""
+    if elapsed_s < due_s + every_s:
         return None
-    return f"{label}: {done}/{total} {unit} ({100 * done / total:.0f}%), {elapsed_s:.0f} s"
+    return due_s + every_s * math.floor((elapsed_s - due_s) / every_s)
 
 
-def plain_progress_line(label: str, elapsed_s: float, total_s: float, shown: int) -> tuple[str | None, int]:
-    """Off a terminal, a step's progress line at `elapsed_s` (seconds since it started), if one is due:
-    (the line or None, the number of periods shown so far, `shown` the same before). A tick late by
-    more than a period shows the latest one alone; none at or after the step's end."""
-    every = plain_progress_every(total_s)
-    if elapsed_s >= (shown + 1) * every and elapsed_s < total_s:
-        return f"{label}: {elapsed_s:.0f} s of {total_s:g} s ({100 * elapsed_s / total_s:.0f}%)", int(
-            elapsed_s // every
-        )
-    return None, shown
+def plain_count_line(
+    label: str, done: int, total: int, unit: str, elapsed_s: float, due_s: float
+) -> tuple[str | None, float]:
+    """Off a terminal, a line on the way through `total` items (`wok profile`'s batches), if one is due: (the line or
+    None, the time the last line was due, `due_s` the same before; `plain_due`). `done` of them done `elapsed_s`
+    seconds from the start. The period is a step's (plain_progress_every) for the whole's time as the pace so far
+    foretells it (`elapsed_s` × `total` / `done`; before the first item, at least the time so far), which is all a
+    count knows of it: none for a run over before the first period, none once the last item is done."""
+    foretold = elapsed_s * total / done if done else elapsed_s
+    if done >= total or (due := plain_due(elapsed_s, due_s, plain_progress_every(foretold))) is None:
+        return None, due_s
+    return f"{label}: {done}/{total} {unit} ({100 * done / total:.0f}%), {elapsed_s:.0f} s", due
+
+
+def plain_progress_line(label: str, elapsed_s: float, total_s: float, due_s: float) -> tuple[str | None, float]:
+    """Off a terminal, a step's progress line at `elapsed_s` (seconds since it started), if one is due: (the line or
+    None, the time the last line was due, `due_s` the same before; `plain_due`). None at or after the step's end."""
+    if elapsed_s >= total_s or (due := plain_due(elapsed_s, due_s, plain_progress_every(total_s))) is None:
+        return None, due_s
+    return f"{label}: {elapsed_s:.0f} s of {total_s:g} s ({100 * elapsed_s / total_s:.0f}%)", due
+
+
+class PlainProgress:
+    """Off a terminal, the progress of a run of `total` items (`wok profile`'s batches) in plain lines, said on time
+    by a thread of its own while entered (`with`): a line is due by `plain_due` whether an item ends meanwhile or not.
+    Until 2026-12-06 the lines were said as items ended, by the thread that ran them: a long start-up warm-up, a
+    roofline's measurement or one batch slower than the period said nothing meanwhile. The items run elsewhere (the
+    profile's model on the executor's thread, waited for by the caller's): this thread takes no lock but its own,
+    held to read or change a count, never while a line is said.
+
+    Called with the number of items just done (profiler.Progress); `phase(name)` names what runs where no item
+    is counted (`None`: the items again): its line says that name and the time since the start, its period a step's
+    for a whole at least as long as the time so far. `line()` is the line due now, if any, at `clock()`."""
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str,
+        say: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = PLAIN_TICK_S,
+    ) -> None:
+        self.label, self.total, self.unit, self.say, self.clock, self.tick_s = label, total, unit, say, clock, tick_s
+        self._lock = threading.Lock()
+        self._done = 0
+        self._phase: str | None = None
+        self._due = 0.0
+        self._start = clock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, done: int) -> None:
+        with self._lock:
+            self._done += done
+
+    def phase(self, name: str | None) -> None:
+        with self._lock:
+            self._phase = name
+
+    def line(self) -> str | None:
+        with self._lock:
+            elapsed = self.clock() - self._start
+            if self._phase is None:
+                line, self._due = plain_count_line(self.label, self._done, self.total, self.unit, elapsed, self._due)
+                return line
+            due = plain_due(elapsed, self._due, plain_progress_every(elapsed))
+            if due is None:
+                return None
+            self._due = due
+            return f"{self.label}: {self._phase}, {elapsed:.0f} s"
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.tick_s):
+            if (line := self.line()) is not None:
+                self.say(line)
+
+    def __enter__(self) -> PlainProgress:
+        # A daemon: one left saying a line into a pipe nobody reads does not hold the process's exit.
+        self._thread = threading.Thread(target=self._run, name="wok-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # No line after this: a refusal or the table follows.
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def status_name(code: int) -> str:
@@ -889,11 +969,11 @@ class Ramp:
             # No live bar in a log (nohup, CI, a pipe), but a long step (a soak) must still show
             # it is running: plain lines (plain_progress_every).
             label = self._step_label
-            shown = 0
+            due = 0.0
 
             def plain_tick() -> None:
-                nonlocal shown
-                line, shown = plain_progress_line(label, time.monotonic() - start, total, shown)
+                nonlocal due
+                line, due = plain_progress_line(label, time.monotonic() - start, total, due)
                 if line is not None:
                     self.say(line)
 

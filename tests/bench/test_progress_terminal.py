@@ -4,6 +4,7 @@ is drawn on stderr where the terminal can draw it, and stdout holds the table al
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import pty
@@ -13,6 +14,10 @@ import sys
 import threading
 
 import pytest
+import torch
+
+from wok.config import model_config_from_dict
+from wok.servable import Servable
 
 from .test_soak_checks import WOK_WITH_PROGRESS_FLOOR
 
@@ -111,12 +116,13 @@ def test_wok_profile_off_a_terminal_says_its_progress_in_plain_lines(force_color
     assert status == 0, err[-3000:]
     assert out.startswith("wok profile mlp on cpu\n"), repr(out[:300])
     assert BAR not in err and "\x1b" not in err, repr(err[-3000:])
-    lines = [
-        re.fullmatch(rf"profiling mlp: (\d+)/{batches} batches \((\d+)%\), (\d+) s", line) for line in err.splitlines()
-    ]
+    # A phase's line where no batch is counted (since 2026-12-06, said on time by a thread of its own), else the count.
+    phase = r"profiling mlp: (start-up warm-up|drawing requests|measuring the roofline|counting FLOPs and bytes), \d+ s"
+    count = rf"profiling mlp: (\d+)/{batches} batches \((\d+)%\), (\d+) s"
+    lines = [re.fullmatch(count, line) for line in err.splitlines() if not re.fullmatch(phase, line)]
     assert lines and all(lines), err[-3000:]
     done = [int(m.group(1)) for m in lines]
-    assert done == sorted(set(done)) and done[0] > 0 and done[-1] < batches, done  # none for the last batch
+    assert done == sorted(done) and done[-1] < batches, done  # none for the last batch
     assert [int(m.group(2)) for m in lines] == [round(100 * d / batches) for d in done], err[-3000:]
 
 
@@ -133,26 +139,134 @@ def test_a_short_wok_profile_off_a_terminal_says_nothing(force_color):
 
 
 def test_the_plain_count_schedule():
-    """A count's line is due a step's period after the last (every tenth of the whole as the pace so far foretells
-    it, 10 to 60 s apart), none before its first item nor for its last."""
+    """A count's line is due a step's period after the last one was due (every tenth of the whole as the pace so far
+    foretells it, 10 to 60 s apart; runner.plain_due, the ramp's rule), none for a run over before the first period
+    nor once its last item is done."""
     from wok.bench.runner import plain_count_line
 
     def lines(total: int, per_item_s: float, before_s: float = 0.0) -> list[str]:
-        out, last = [], 0.0
+        out, due = [], 0.0
         for done in range(total + 1):
             elapsed = before_s + done * per_item_s
-            if (line := plain_count_line("profiling m", done, total, "batches", elapsed, last)) is not None:
-                out.append(line)
-                last = elapsed
+            line, due = plain_count_line("profiling m", done, total, "batches", elapsed, due)
+            out += [line] if line is not None else []
         return out
 
     assert lines(120, 0.08) == []  # 9.6 s in all: none
     assert lines(120, 1.0) == [f"profiling m: {d}/120 batches ({round(d / 1.2)}%), {d} s" for d in range(12, 120, 12)]
-    hours = lines(1000, 10.8)  # 3 h: a line a minute
-    assert len(hours) == 1000 // 6 and hours[0] == "profiling m: 6/1000 batches (1%), 65 s"  # 6 batches: 64.8 s
-    # A slow start (the warm-up before the first batch, 30 s) foretells a longer whole: the first line comes when
-    # it is a tenth of the whole so foretold (12 batches in 42 s: 420 s), the next ones closer as the pace shows.
+    # 3 h: a line a minute, each the first item past the minute (6 batches: 64.8 s, 12: 129.6 s). Timed from the
+    # last line shown, as until 2026-12-06, the lines drifted a batch late each, 166 of them.
+    hours = lines(1000, 10.8)
+    assert len(hours) == 179 and hours[:2] == [
+        "profiling m: 6/1000 batches (1%), 65 s",
+        "profiling m: 12/1000 batches (1%), 130 s",
+    ]
+    # 30 s before the first item (a warm-up): a line for its last period passed, at 30 s; then a tenth of the whole
+    # as the pace foretells it (26 batches in 56 s: 258 s) after that, the next ones closer as the pace shows.
     slow = lines(120, 1.0, before_s=30.0)
-    assert slow[0] == "profiling m: 12/120 batches (10%), 42 s", slow
+    assert slow[:2] == ["profiling m: 0/120 batches (0%), 30 s", "profiling m: 26/120 batches (22%), 56 s"], slow
     seconds = [int(line.rpartition(", ")[2].removesuffix(" s")) for line in slow]
-    assert [b - a for a, b in itertools.pairwise(seconds)] == [23, 19, 18, 17, 16], slow
+    assert [b - a for a, b in itertools.pairwise(seconds)] == [26, 20, 18, 16, 16, 15], slow
+
+
+def test_plain_progress_says_a_phase_and_a_stuck_count_on_time_and_no_oftener():
+    """Off a terminal the profile said a line only as a batch ended: a start-up warm-up, a roofline's measurement, or
+    one batch slower than the period said nothing meanwhile. Now a line is due by the one rule (runner.plain_due)
+    whether a batch ends or not: a phase's line every period of a whole at least as long as the time so far, a
+    count's every tenth of the whole its pace foretells, 10 to 60 s; looked at every 0.05 s of an injected clock."""
+    from wok.bench.runner import PlainProgress
+
+    now = [0.0]
+    progress = PlainProgress("profiling m", 100, "batches", say=None, clock=lambda: now[0])
+    said: list[tuple[float, str]] = []
+
+    def until(end_s: float) -> None:
+        for i in range(round(now[0] * 20) + 1, round(end_s * 20) + 1):
+            now[0] = i / 20
+            if (line := progress.line()) is not None:
+                said.append((now[0], line))
+
+    progress.phase("start-up warm-up")
+    until(35)
+    progress.phase(None)
+    progress(1)  # a batch in 35 s foretells a whole of 3,500 s: a line a minute while the next batch runs
+    until(200)
+    progress.phase("counting FLOPs and bytes")
+    until(240)
+    assert said == [
+        (10.0, "profiling m: start-up warm-up, 10 s"),
+        (20.0, "profiling m: start-up warm-up, 20 s"),
+        (30.0, "profiling m: start-up warm-up, 30 s"),
+        (90.0, "profiling m: 1/100 batches (1%), 90 s"),
+        (150.0, "profiling m: 1/100 batches (1%), 150 s"),
+        # A whole of at least 200 s: a period of 20 s at once, the line for 190 s (on the grid from 150 s) said at the
+        # first look; then a tenth of the time so far after it: at t = 190 + t/10, t = 211.1 s, then 234.6 s.
+        (200.05, "profiling m: counting FLOPs and bytes, 200 s"),
+        (211.15, "profiling m: counting FLOPs and bytes, 211 s"),
+        (234.6, "profiling m: counting FLOPs and bytes, 235 s"),
+    ], said
+
+
+class _Watched(io.StringIO):
+    """A stderr that is no terminal, whose writes set `wrote`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wrote = threading.Event()
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        self.wrote.set()
+        return n
+
+
+class Blocking(Servable):
+    """Linear(4, 2) whose `block_at`-th forward of nonzero inputs (0: its first forward at all, a batch of zeros of
+    the start-up warm-up) waits up to 20 s for a line on `stderr`, and keeps what was said meanwhile (`during`)."""
+
+    def __init__(self, stderr: _Watched, block_at: int) -> None:
+        config = model_config_from_dict(
+            {
+                "name": "blocking",
+                "platform": "python",
+                "factory": f"{__name__}:Blocking",
+                "inputs": [{"name": "x", "datatype": "FP32", "dims": [4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "dims": [2]}],
+                "max_batch_size": 4,
+            },
+            source="test",
+        )
+        super().__init__(config, torch.nn.Linear(4, 2))
+        self.stderr, self.block_at, self.nonzero, self.during = stderr, block_at, 0, None
+
+    def forward(self, module, tensors):
+        if self.during is None and (self.block_at == 0 or self.nonzero == self.block_at):
+            mark = len(self.stderr.getvalue())
+            self.stderr.wrote.clear()
+            self.stderr.wrote.wait(20)
+            self.during = self.stderr.getvalue()[mark:]
+        self.nonzero += bool(tensors["x"].any())
+        return super().forward(module, tensors)
+
+
+@pytest.mark.parametrize(
+    ("block_at", "said"),
+    [(0, r"profiling blocking: start-up warm-up, \d+ s"), (3, r"profiling blocking: 3/8 batches \(38%\), \d+ s")],
+    ids=["start-up warm-up", "a timed batch"],
+)
+def test_wok_profile_says_its_progress_while_the_model_runs_a_batch(monkeypatch, block_at, said):
+    """A model that blocks in a batch (the server's start-up warm-up's first, or the fourth batch timed) until a
+    progress line comes: the lines were said only as batches ended, by the thread that waits for them, so none came
+    (the model's wait ran out). Here the period's floor is 0.05 s, not 10."""
+    from wok.bench import cli, profiler, runner
+    from wok.bench.roofline import roofline_for
+
+    monkeypatch.setattr(runner, "PLAIN_PROGRESS_MIN_S", 0.05)
+    stderr = _Watched()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    model = Blocking(stderr, block_at)
+    cfg = profiler.ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=4)
+    with cli._profile_progress("profiling blocking", 8) as progress:
+        profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11), progress=progress)
+    lines = (model.during or "").splitlines()
+    assert lines and all(re.fullmatch(said, line) for line in lines), (model.during, stderr.getvalue()[-3000:])

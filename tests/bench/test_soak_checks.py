@@ -196,9 +196,9 @@ def test_the_plain_progress_schedule():
     assert [plain_progress_every(t) for t in (0.5, 11, 100, 200, 600, 601, 86400)] == [10, 10, 10, 20, 60, 60, 60]
 
     def lines(total_s: float, ticks_s: list[float]) -> list[str]:
-        shown, out = 0, []
+        due, out = 0.0, []
         for t in ticks_s:
-            line, shown = plain_progress_line("step 1/1", t, total_s, shown)
+            line, due = plain_progress_line("step 1/1", t, total_s, due)
             out += [line] if line is not None else []
         return out
 
