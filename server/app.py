@@ -197,13 +197,14 @@ class WokServer:
         Python's exit would wait for that thread. One a stop past its grace period, or a cancelled start, gave up
         on; or, once a stop was cancelled before the executors' shutdown (left to a next stop() that no call has
         made yet), a batch still in a model's executor. A caller that never stopped again read False there, with
-        the model's thread in its batch (a stuck one's for good). Counted on the loop (Batcher.inflight): a batch
-        that has just ended counts until its completion runs there."""
+        the model's thread in its batch (a stuck one's for good). A batch whose thread has returned is none
+        (Batcher.running): counted until its completion ran on the loop (Batcher.inflight), it said True between
+        the two, and the caller exited hard saying the model was given up on. Read on the loop."""
         if self._gave_up:
             return True
         if not self.draining or self._stop_calls or self._stopped.is_set() or _EXECUTORS_STEP in self._stop_done:
             return False
-        return any(rt.batcher.inflight for rt in self.runtimes.values())
+        return any(rt.batcher.running for rt in self.runtimes.values())
 
     @property
     def started(self) -> bool:
@@ -290,7 +291,7 @@ class WokServer:
                 # wait is: a start cancelled in the warm-up (asyncio.run's on a Ctrl-C, a caller's wait_for) left
                 # the warm-up's forward running on the model thread, and this waited for its end, a stuck model's
                 # never. A warm-up that raised has ended its forward: the wait is the threads' exit.
-                await self._shutdown_within({name: executor}, lambda: 0.0, "as the start ended")
+                await self._shutdown_within({name: executor}, lambda: 0.0, "as the start ended", last=True)
                 raise
             batcher.on_failed = functools.partial(self._model_failed, name)
             batcher.start()
@@ -714,29 +715,50 @@ class WokServer:
         executors = {rt.servable.name: rt.executor for rt in self.runtimes.values()}
         await self._shutdown_within(executors, left, "after the grace period")
 
-    async def _shutdown_within(self, executors: dict[str, Executor], left, when: str) -> None:
+    async def _shutdown_within(self, executors: dict[str, Executor], left, when: str, last: bool = False) -> None:
         """Shut `executors` (by model name) down, waiting at most max(left(), 1 s) for a batch still running: a model
-        still in one then is logged ("... still running a batch {when}") and given up on (`abandoned_work`)."""
+        still in one then is logged ("... still running a batch {when}") and given up on (`abandoned_work`).
+
+        Cancelled in that wait, it leaves them to the next call (the stop's next one, `abandoned_work` telling of a
+        batch meanwhile); `last`: none comes (a start's clean-up: the executor is in no runtime), and a model still
+        running is given up on then as well."""
         # All at once under one deadline: one at a time, each stuck model would add its own second.
         loop = asyncio.get_running_loop()
         ends = {}
         for name, executor in executors.items():
             end, thread = _shutdown_on_own_thread(loop, executor, name)
             ends[end] = (name, thread)
-        if ends:
+        if not ends:
+            return
+        try:
             done, pending = await asyncio.wait(list(ends), timeout=max(left(), 1.0))
-            for end, (name, thread) in ends.items():
-                if end in pending:
-                    # A batch stuck in the model: its thread cannot be interrupted from Python.
-                    log.error("model '%s' is still running a batch %s", name, when)
-                    self._gave_up = True
-                    end.cancel()  # its thread, ending later, then sets nothing
-                else:
-                    # Setting `end` was its last step; joined so that the stop leaves only the
-                    # threads it gave up on.
-                    thread.join()
-            for end in done:
-                end.result()
+        except asyncio.CancelledError:
+            if last:
+                # A start cancelled again in its clean-up: ended with the warm-up's forward still on the model's
+                # thread, unsaid, `abandoned_work` False, and Python's exit waiting for that thread. The cancellation
+                # is what the caller gets: the shutdowns' own failures are read, not raised.
+                pending = {end for end in ends if not end.done()}
+                self._give_up(ends, pending, when)
+                for end in ends.keys() - pending:
+                    end.exception()
+            raise
+        self._give_up(ends, pending, when)
+        for end in done:
+            end.result()
+
+    def _give_up(self, ends: dict, pending: set, when: str) -> None:
+        """_shutdown_within's end: the models whose shutdown's `end` is `pending` are logged and given up on; the
+        threads of the others joined."""
+        for end, (name, thread) in ends.items():
+            if end in pending:
+                # A batch stuck in the model: its thread cannot be interrupted from Python.
+                log.error("model '%s' is still running a batch %s", name, when)
+                self._gave_up = True
+                end.cancel()  # its thread, ending later, then sets nothing
+            else:
+                # Setting `end` was its last step; joined so that the stop leaves only the
+                # threads it gave up on.
+                thread.join()
 
 
 async def _release_unstarted(server: grpc.aio.Server) -> None:

@@ -493,6 +493,12 @@ class Batcher:
     def inflight(self) -> int:
         return self._inflight
 
+    @property
+    def running(self) -> int:
+        """The batches in the executor that its threads have not ended (their future not done): `inflight` less
+        those whose end is on its way to the loop (`_complete` counts them out there). Read on the loop."""
+        return sum(1 for sent in self._sent for b in sent if b.future is not None and not b.future.done())
+
     # -- requests ------------------------------------------------------------------------
     def check_room(self) -> None:
         """Raise what `submit` would for any request now: the batcher failed, it stops, or the

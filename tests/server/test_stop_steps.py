@@ -165,6 +165,21 @@ async def test_an_admin_close_cancelled_while_its_ticker_ends_raises_the_cancell
     await admin.close()  # once closed, at once
 
 
+async def cancel_a_stop_in_its_drain(server, batcher, module, draining=lambda: False):
+    """Hold one request's batch in the gated model, start a stop and cancel it once its drain has begun (asserting
+    `draining()` false then); the request."""
+    module.gate.clear()
+    pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+    assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
+    stopping = asyncio.ensure_future(server.stop(grace=30.0))
+    await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
+    assert not draining()
+    stopping.cancel()
+    await asyncio.wait({stopping})
+    assert stopping.cancelled()
+    return pending
+
+
 async def test_a_stop_cancelled_in_the_drain_cancels_the_drains_it_started(gated_model):
     # Cancellation ended the stop's wait for the drains and left them running: the batcher went on draining (its
     # batch held in the model), its requests unanswered, past the stop.
@@ -173,14 +188,7 @@ async def test_a_stop_cancelled_in_the_drain_cancels_the_drains_it_started(gated
     await server.start()
     batcher = server.runtime("gated").batcher
     try:
-        module.gate.clear()
-        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
-        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
-        stopping = asyncio.ensure_future(server.stop(grace=30.0))
-        await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
-        stopping.cancel()
-        await asyncio.wait({stopping})
-        assert stopping.cancelled()
+        pending = await cancel_a_stop_in_its_drain(server, batcher, module)
         assert batcher._task.done() and pending.future.done()
         assert isinstance(pending.future.exception(), ShuttingDown), pending.future.exception()
     finally:
@@ -259,15 +267,8 @@ async def test_a_stop_cancelled_before_the_executors_shutdown_tells_of_a_model_s
     await server.start()
     batcher = server.runtime("gated").batcher
     try:
-        module.gate.clear()
-        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
-        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
-        stopping = asyncio.ensure_future(server.stop(grace=30.0))
-        await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
-        assert not server.abandoned_work  # a stop that runs will shut the executors down
-        stopping.cancel()
-        await asyncio.wait({stopping})
-        assert stopping.cancelled()
+        # Not while the stop runs: it will shut the executors down.
+        pending = await cancel_a_stop_in_its_drain(server, batcher, module, draining=lambda: server.abandoned_work)
         assert isinstance(pending.future.exception(), ShuttingDown), pending.future.exception()
         assert server.abandoned_work
     finally:
@@ -275,6 +276,32 @@ async def test_a_stop_cancelled_before_the_executors_shutdown_tells_of_a_model_s
     await until(lambda: not server.abandoned_work)  # the batch ended: no thread left in one
     await asyncio.wait_for(server.stop(grace=5.0), 30)
     assert all(executor_ended(inst) for inst in instances(server))
+    assert not server.abandoned_work
+
+
+async def test_a_batch_whose_thread_has_ended_is_no_work_left_though_its_end_is_not_yet_on_the_loop(gated_model):
+    """After a stop cancelled in its drain, `abandoned_work` counted a batch until its completion ran on the loop:
+    read between the model thread's return and that callback (gpu_check reads it as the cancellation comes out of
+    the stop), it said True, and the caller left through os._exit saying the model was given up on, its thread
+    idle. A batch whose thread has returned is no work left."""
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    batcher = server.runtime("gated").batcher
+    try:
+        pending = await cancel_a_stop_in_its_drain(server, batcher, module)
+        assert server.abandoned_work  # its thread is in the batch
+        (ran,) = [b.future for sent in batcher._sent for b in sent]
+        module.gate.set()
+        # On the loop's thread, which the batch's completion then waits for: the thread has returned, its end not
+        # yet taken in.
+        ran.result(timeout=10)
+        assert batcher.inflight == 1
+        assert not server.abandoned_work
+        assert isinstance(pending.future.exception(), ShuttingDown), pending.future.exception()
+    finally:
+        module.gate.set()
+    await asyncio.wait_for(server.stop(grace=5.0), 30)
     assert not server.abandoned_work
 
 

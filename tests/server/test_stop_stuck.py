@@ -21,7 +21,7 @@ from wok.errors import ShuttingDown
 from wok.repository import ModelRepository
 from wok.servable import Servable
 
-from .conftest import GatedDouble, gated_servable
+from .conftest import GatedDouble, gated_servable, until
 
 GRACE_S = 0.2
 STUCK = "is still running a batch after the grace period"
@@ -94,12 +94,25 @@ async def _cancel_once(starting: asyncio.Future, reached: threading.Event, never
     assert took < 3.0, f"the cancelled start took {took:.2f} s to end"
 
 
+async def _end_the_start(module, starting, server, shutdown_thread: bool = False) -> None:
+    """Let the gated model go, wait for the start to end, stop the server; with `shutdown_thread`, wait for the start's
+    shutdown thread too (the warm-up's forward ends now)."""
+    module.gate.set()
+    if not starting.done():
+        await asyncio.wait({starting})
+    await server.stop(grace=5.0)
+    if shutdown_thread:
+        for t in threading.enumerate():
+            if t.name == "wok-stuck-shutdown":
+                await asyncio.get_running_loop().run_in_executor(None, t.join, 10)
+                assert not t.is_alive(), f"{t.name} did not end"
+
+
 async def _cancel_a_start_stuck_in_its_warm_up(gated_model, caplog) -> None:
     # The warm-up's forward blocks at the closed gate (`entered`: it reached the model).
     servable, module = gated_model(name="stuck")
     module.gate.clear()
     server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
-    loop = asyncio.get_running_loop()
     caplog.set_level(logging.ERROR, logger="wok")
     starting = asyncio.ensure_future(server.start())
     try:
@@ -110,15 +123,7 @@ async def _cancel_a_start_stuck_in_its_warm_up(gated_model, caplog) -> None:
         logged = [r.getMessage() for r in caplog.records if "is still running" in r.getMessage()]
         assert logged == ["model 'stuck' is still running a batch as the start ended"], logged
     finally:
-        module.gate.set()
-        if not starting.done():
-            await asyncio.wait({starting})
-        await server.stop(grace=5.0)
-        # The warm-up's forward ends now: wait for the start's shutdown thread.
-        for t in threading.enumerate():
-            if t.name == "wok-stuck-shutdown":
-                await loop.run_in_executor(None, t.join, 10)
-                assert not t.is_alive(), f"{t.name} did not end"
+        await _end_the_start(module, starting, server, shutdown_thread=True)
 
 
 def test_a_start_cancelled_in_a_stuck_warm_up_ends_within_a_second_and_gives_the_model_up(run_on, gated_model, caplog):
@@ -168,10 +173,7 @@ async def _cancel_a_start_stuck_in_a_models_load(caplog) -> None:
         assert await loop.run_in_executor(None, module.loaded.wait, 10), "the load never ended"
         assert server.runtimes == {}
     finally:
-        module.gate.set()
-        if not starting.done():
-            await asyncio.wait({starting})
-        await server.stop(grace=5.0)
+        await _end_the_start(module, starting, server)
 
 
 def test_a_start_cancelled_in_a_models_load_ends_within_a_second_and_gives_the_model_up(run_on, caplog):
@@ -218,10 +220,7 @@ async def _cancel_a_start_twice_as_its_load_fails() -> None:
         assert starting.cancelled()
         assert not server.abandoned_work  # the load ended, with its failure
     finally:
-        module.gate.set()
-        if not starting.done():
-            await asyncio.wait({starting})
-        await server.stop(grace=5.0)
+        await _end_the_start(module, starting, server)
         waits.shutdown()
     del starting
     gc.collect()
@@ -233,3 +232,36 @@ def test_a_load_that_fails_as_a_second_cancellation_lands_is_read(run_on):
     """A start cancelled in a model's load, cancelled again as that load fails: the build's exception was left
     unread, and asyncio logged it as "Future exception was never retrieved" (ERROR, a traceback) when collected."""
     run_on("asyncio", _cancel_a_start_twice_as_its_load_fails())
+
+
+async def _cancel_a_start_stuck_in_its_warm_up_twice(gated_model, caplog) -> None:
+    # The warm-up's forward blocks at the closed gate; the start's clean-up waits for it a second, as the stop does.
+    servable, module = gated_model(name="stuck")
+    module.gate.clear()
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    loop = asyncio.get_running_loop()
+    caplog.set_level(logging.ERROR, logger="wok")
+    starting = asyncio.ensure_future(server.start())
+    try:
+        assert await loop.run_in_executor(None, module.entered.wait, 10), "the warm-up never reached the model"
+        starting.cancel()
+        # The start's clean-up has begun its wait: the thread that shuts the executor down runs.
+        await until(lambda: any(t.name == "wok-stuck-shutdown" for t in threading.enumerate()))
+        starting.cancel()  # a second Ctrl-C, a caller's second cancellation
+        await asyncio.wait({starting})
+        assert starting.cancelled()
+        # The warm-up still runs on the model's thread, which nothing will end and Python's exit waits for.
+        assert not module.ran
+        assert server.abandoned_work
+        logged = [r.getMessage() for r in caplog.records if "is still running" in r.getMessage()]
+        assert logged == ["model 'stuck' is still running a batch as the start ended"], logged
+    finally:
+        await _end_the_start(module, starting, server, shutdown_thread=True)
+
+
+def test_a_start_cancelled_again_as_it_waits_for_a_stuck_warm_up_gives_the_model_up(run_on, gated_model, caplog):
+    """A start cancelled in its warm-up waits a second for the model's forward; cancelled again in that wait (a
+    second Ctrl-C, a caller's wait_for inside a cancelled task), it ended with the forward still running on the
+    model's thread, said nothing, and left `abandoned_work` False: the executor is in no runtime, no stop shuts it
+    down, and Python's exit waits for that thread, a stuck model's for good."""
+    run_on("asyncio", _cancel_a_start_stuck_in_its_warm_up_twice(gated_model, caplog))
