@@ -747,47 +747,66 @@ def _unix_time(text: str | None) -> float | None:
     return value
 
 
-def _signals_interrupt() -> dict | None:
+def _signals_interrupt() -> _Interrupts | None:
     """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, until `_restore_signals`;
-    of these and Ctrl-C, only the first does.
+    of these and Ctrl-C, only the first does, and none once the run has its result (`_Interrupts.measured`).
 
     Their default kills the bench at once: faults posted to a server stay on, replicas and
     workers are left running, and nothing measured is kept. As a KeyboardInterrupt they take
     the Ctrl-C path, whose finally blocks turn faults off and stop the processes started.
     A second signal raised inside those blocks would cut the cleanup short and lose the steps
     measured, so it is ignored (and said) until the result is written. A signal ignored when
-    the bench starts (nohup, a background job) stays ignored.
+    the bench starts (nohup, a background job) stays ignored. None off the main thread.
     """
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return None  # only the main thread may set handlers (and only it gets signals)
-    caught: list[str] = []
+    return _Interrupts()
 
-    def on_signal(signum, _frame):
+
+class _Interrupts:
+    """The bench's handlers of SIGINT, SIGTERM and SIGHUP (`_signals_interrupt`), and those they replaced."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.first: str | None = None  # the first signal's name
+        self.whole = False  # the run has returned its result: a signal is said, not raised
+        self.previous = {}
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            handler = signal.getsignal(s)
+            if handler is not signal.SIG_IGN:
+                self.previous[s] = handler
+                signal.signal(s, self.on_signal)
+
+    def on_signal(self, signum, _frame) -> None:
+        import signal
+
         name = signal.Signals(signum).name
-        if caught:
-            # os.write, not print: the handler may run inside a print to stderr, which a
-            # buffered write from here would break with a reentrant-call error.
-            os.write(2, f"wok bench: {name} while stopping after {caught[0]}: the result is written first\n".encode())
+        # os.write, not print: the handler may run inside a print to stderr, which a
+        # buffered write from here would break with a reentrant-call error.
+        if self.first is not None:
+            os.write(2, f"wok bench: {name} while stopping after {self.first}: the result is written first\n".encode())
             return
-        caught.append(name)
+        self.first = name
+        if self.whole:
+            # Raised in the table's print, the JSON's write or the exit, it cost what the steps measured (exit 130,
+            # no table), all of it before the JSON was written: the status stays the run's, as for a signal after
+            # its last step (docs/bench.md, "Exit status").
+            os.write(2, f"wok bench: {name} after the run: its result is written first\n".encode())
+            return
         raise KeyboardInterrupt(name)
 
-    previous = {}
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        handler = signal.getsignal(s)
-        if handler is not signal.SIG_IGN:
-            previous[s] = handler
-            signal.signal(s, on_signal)
-    return previous
+    def measured(self) -> None:
+        """The run has returned its result: from here a signal is said, not raised."""
+        self.whole = True
 
 
-def _restore_signals(previous: dict | None) -> None:
+def _restore_signals(interrupts: _Interrupts | None) -> None:
     import signal
 
-    for s, handler in (previous or {}).items():
+    for s, handler in (interrupts.previous if interrupts is not None else {}).items():
         if handler is not None:  # None: set outside Python, which cannot be put back from here
             signal.signal(s, handler)
 
@@ -1129,7 +1148,7 @@ def run(args) -> int:
         _check_replica_args(args, faults.serve_args_of(args, cfg))
     cfg = replace(cfg, metrics_url=_metrics_url(args.metrics_url, target, replicas=args.replicas is not None))
     print(f"wok bench: {_planned_text(args, cfg)}", file=sys.stderr, flush=True)
-    previous = _signals_interrupt()
+    interrupts = _signals_interrupt()
     try:
         try:
             if args.soak is not None:
@@ -1142,6 +1161,8 @@ def run(args) -> int:
                 result = ramp.run()
                 if probe_s:
                     result["host_probe"] = hostprobe.around(before, _probe_after(probe_s, ramp.late_signal))
+            if interrupts is not None:
+                interrupts.measured()
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
             if isinstance(exc, InferError) and exc.code.name == "NOT_FOUND":
                 # A model of --model that the target does not serve, refused with its metadata before
@@ -1167,9 +1188,10 @@ def run(args) -> int:
         ):
             return 1
         _print_sections(result)
+        # Its lines too before the handlers go back: a signal after them is the process's exit's (wok.entry).
+        return _exit_status(result, args)
     finally:
-        _restore_signals(previous)
-    return _exit_status(result, args)
+        _restore_signals(interrupts)
 
 
 def _probe_after(probe_s: float, late_signal: str | None) -> dict:

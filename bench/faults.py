@@ -53,7 +53,7 @@ from .analysis import latency_summary
 from .arrivals import parse_duration
 from .payloads import integer_refusal
 from .runner import Ramp, RampConfig, status_name
-from .workers import NOT_SENT, OK
+from .workers import NOT_SENT, OK, run_held
 
 SCHEMA = "wok.faults/1"
 LOST_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN")
@@ -955,8 +955,22 @@ class FaultRamp(Ramp):
         except BaseException:
             self.schedule.stop(CUT_WAIT_S)  # nothing measured: no event of it is reported
             raise
+        # Every step run is in `result`: a signal now keeps it, as one after the last step (raised here, it lost it).
         interrupted = result.get("interrupted")
-        self.schedule.stop(CUT_WAIT_S if interrupted else None)
+        try:
+            self.schedule.stop(CUT_WAIT_S if interrupted else None)
+        except KeyboardInterrupt as exc:
+            # In the wait for a replica restarting (minutes): from here at most CUT_WAIT_S, as for a cut run.
+            self.late(exc, "as the fault schedule stopped")
+            self.schedule.stop(CUT_WAIT_S)
+        result, came = run_held(lambda: self._with_faults(result))
+        if came is not None:
+            self.late(came, "as the faults were reported")
+        return result
+
+    def _with_faults(self, result: dict) -> dict:
+        """`result` with its `faults` section, the schedule stopped."""
+        interrupted = result.get("interrupted")
         if self.timeline:
             intended, done, lat, codes = (np.concatenate([t[k] for t in self.timeline]) for k in range(4))
         else:
@@ -1323,7 +1337,15 @@ def run_faults(args, cfg: RampConfig) -> dict:
         cfg = replace(cfg, stop_factor=math.inf)
     replicas, cfg = start_replicas(args, cfg, say, admin=any(s.server_side for s in specs))
     try:
-        return FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()
-    finally:
+        result = FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()
+    except BaseException:
         if replicas is not None:
             replicas.close()
+        raise
+    if replicas is not None:
+        # With the result in hand, a signal as the replicas stop waits for them: raised in their wait, it lost the
+        # result (exit 130, no table), and left the replicas to end with the bench.
+        _, came = run_held(replicas.close)
+        if came is not None:
+            say(f"{type(came).__name__}: {came} as the replicas stopped: the steps run are the result")
+    return result

@@ -9,6 +9,7 @@ of every request it delays.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -35,7 +36,16 @@ from .payloads import (
     plan_pool,
 )
 from .scrape import Fleet, scrape, server_view
-from .workers import NOT_SENT, OK, Share, WorkerPool, WorkerProcesses, merge_details, pick_balancer
+from .workers import (
+    NOT_SENT,
+    OK,
+    Share,
+    WorkerPool,
+    WorkerProcesses,
+    merge_details,
+    pick_balancer,
+    run_held,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -658,7 +668,9 @@ class Ramp:
                     self.say(interrupted)
                     break
                 steps.append(step)
-                stop = self._stop_rule(step)
+                stop, came = run_held(functools.partial(self._stop_rule, step))
+                if came is not None:
+                    self._hold(came)  # the step is kept: raised as the next one would start
                 if stop is not None and i + 1 < len(cfg.steps):
                     # Only a step skipped makes the ramp shorter than planned: the last step meeting a rule
                     # stops nothing early, and is said as the result says it (`stopped_early` null).
@@ -712,10 +724,8 @@ class Ramp:
                         steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
             if self._held is not None:
                 # After the last step, as it held to its end: every step run is whole.
-                self.late_signal = f"{type(self._held).__name__}: {self._held}"
-                self._held = None
-                if self.says_late_signal:
-                    self.say(f"{self.late_signal} after the last step: the steps run are the result")
+                held, self._held = self._held, None
+                self.late(held, "after the last step")
         finally:
             try:
                 workers.close()
@@ -724,9 +734,22 @@ class Ramp:
                 # what was measured is whole, and raising here lost every step of the ramp.
                 if not steps and not (self.keeps_cut_step and self.timeline):
                     raise
-                self.late_signal = f"{type(exc).__name__}: {exc}"
-                if self.says_late_signal:
-                    self.say(f"{self.late_signal} as the workers stopped: the steps run are the result")
+                self.late(exc, "as the workers stopped")
+        result, came = run_held(
+            lambda: self._result(workers, steps, interrupted, by_signal, cut_phase, cut_at_qps, stopped_early)
+        )
+        if came is not None:
+            self.late(came, "as the result was built")
+        return result
+
+    def late(self, exc: KeyboardInterrupt, when: str) -> None:
+        """A signal after the last step (`when`: as what happened) leaves every step run whole: `late_signal`."""
+        self.late_signal = f"{type(exc).__name__}: {exc}"
+        if self.says_late_signal:
+            self.say(f"{self.late_signal} {when}: the steps run are the result")
+
+    def _result(self, workers, steps, interrupted, by_signal, cut_phase, cut_at_qps, stopped_early) -> dict:
+        cfg = self.cfg
         # Key material and the token never reach the result; only which kind of security was used.
         config = {**asdict(self.cfg), "source": "bench", "tls": tls_mode(cfg.tls), "token": cfg.token is not None}
         config["balancer"] = workers.balancer
@@ -824,6 +847,21 @@ class Ramp:
             # It scrapes as the window ends: waiting for it is the step's wait for its end, where a
             # signal lost the step whose answers were all in (a soak's: all it measured, exit 130).
             self._hold_to(start_at + total, label, scraper.join)
+        # Its answers are in: a signal from here is held until the step's figures are whole, then kept as one in the
+        # wait for its end is (`_hold`). Raised in their midst, it lost a step whose answers were all in.
+        step, came = run_held(lambda: self._figures(qps, label, arrivals, shares, outcomes, scrapes, start_at, late_s))
+        if came is not None:
+            self._hold(came)
+        if cfg.start_at is None and self._held is None:
+            # With --start-at each step waits for its own slot, warm-up + duration + gap after the last one's:
+            # holding too would make a step after a gap under the 0.2 s lead late.
+            self._hold_to(start_at + total, label)
+        return step
+
+    def _figures(self, qps, label, arrivals, shares, outcomes, scrapes, start_at, late_s) -> dict:
+        """The step's result from its answers (`outcomes`) and the server's scrapes, said on stderr."""
+        cfg = self.cfg
+        total = cfg.warmup_s + cfg.step_duration_s
         before, after = scrapes.get("before"), scrapes.get("after")
         intended = np.concatenate([s.times for s in shares])
         sent = np.concatenate([o.sent for o in outcomes])
@@ -882,10 +920,6 @@ class Ramp:
             self.say(f"{label}: {_timing_line(timing)}")
         for warning in analysis.check_precision(step, cfg.slo_p99_ms):
             self.say(f"warning: {warning}")
-        if cfg.start_at is None and self._held is None:
-            # With --start-at each step waits for its own slot, warm-up + duration + gap after the last one's:
-            # holding too would make a step after a gap under the 0.2 s lead late.
-            self._hold_to(start_at + total, label)
         return step
 
     def _hold_to(self, end: float, label: str, wait_for: Callable[[], None] | None = None) -> None:

@@ -29,8 +29,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -38,6 +40,8 @@ from wok.servertiming import SERVER_TIMING, TIMING_COLUMNS, parse_server_timing
 from wok.timers import PreciseSleeper
 
 from .stream_sender import run_share_stream
+
+T = TypeVar("T")
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
@@ -479,21 +483,52 @@ def _start_held(process) -> None:
 
     # Started by the first start otherwise, and that unblocks SIGINT and SIGTERM on its way out.
     resource_tracker.ensure_running()
+    with signals_held():
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP recorded, not handled, inside; on the way out the handlers are put back and
+    the first signal that came is raised again, to the handler as it was (the bench's raises KeyboardInterrupt:
+    cli._signals_interrupt), once the work inside is whole. For work that a KeyboardInterrupt raised halfway
+    would lose: a step's figures once its answers are in, the result after the last step. Off the main thread,
+    which neither sets handlers nor runs them, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     came: list[int] = []
     before = {}
     for s in _HELD:
         handler = signal.getsignal(s)
         if handler not in (signal.SIG_IGN, None):  # None: set outside Python, left as it is
             before[s] = signal.signal(s, lambda signum, _frame: came.append(signum))
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     try:
-        process.start()
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         for s, handler in before.items():
             signal.signal(s, handler)
         if came:
             signal.raise_signal(came[0])
+
+
+def run_held(work: Callable[[], T]) -> tuple[T, KeyboardInterrupt | None]:
+    """`work()` under `signals_held`: its value, and the KeyboardInterrupt a signal meanwhile raised once it was
+    done (None: none came, or its handler raised nothing), for the caller to keep as it sees fit."""
+    done = False
+    try:
+        with signals_held():
+            value = work()
+            done = True
+    except KeyboardInterrupt as exc:
+        if not done:  # raised again over a failure of `work`
+            raise
+        return value, exc
+    return value, None
 
 
 def _died(process, stage: str) -> RuntimeError:

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
-# As `wok` sets it (wok.entry.GRPC_DEFAULTS), before any test imports grpc: the demo and replica tests
-# fork children with a preexec_fn, and gRPC's fork handlers killed about 1 in 100 of them.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+from wok.entry import GRPC_DEFAULTS  # imports nothing of gRPC's: the setting below is read as grpc loads
+
+# As `wok` sets it, before any test imports grpc: the demo and replica tests fork children with a
+# preexec_fn, and gRPC's fork handlers killed about 1 in 100 of them.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", GRPC_DEFAULTS["GRPC_ENABLE_FORK_SUPPORT"])
 
 # Files whose tests measure times or rates against bounds (latency agreement, throughput, CPU per
 # request, pacing, recovery times): marked `serial`, so that `bootstrap.py test` runs them alone,

@@ -33,6 +33,9 @@ sys.argv = ["wok", "--help"]
 try:
     if os.environ["HOW"] == "module":
         runpy.run_module("wok", run_name="__main__", alter_sys=True)
+    elif os.environ["HOW"] == "gcwrap":  # an archived script's recorded command: OUT -- SERVE_ARGS
+        sys.argv = [os.environ["GCWRAP"], os.devnull, "--", "--help"]
+        runpy.run_path(sys.argv[0], run_name="__main__")
     else:
         from wok.entry import main
         sys.exit(main())
@@ -75,6 +78,14 @@ def test_the_wok_command_sets_grpcs_environment_before_grpc_loads():
     assert GRPC_DEFAULTS == {"GRPC_VERBOSITY": "NONE", "GRPC_ENABLE_FORK_SUPPORT": "0"}
     assert _seen("script") == GRPC_DEFAULTS
     assert _seen("module") == GRPC_DEFAULTS
+
+
+def test_the_archived_gcwrap_script_runs_wok_as_the_command_does():
+    """It ran wok.__main__.main, which no longer sets them: a rerun had gRPC core's logging on."""
+    from pathlib import Path
+
+    gcwrap = Path(__file__).resolve().parents[2] / "docs/results/loop-profile-3500qps-2026-11-30/gcwrap.py"
+    assert _seen("gcwrap", GCWRAP=str(gcwrap)) == GRPC_DEFAULTS
 
 
 def test_an_operators_own_grpc_setting_wins():

@@ -46,6 +46,9 @@ def write():
 gc.callbacks.append(on_gc)
 atexit.register(write)
 
-from wok.__main__ import main  # noqa: E402  (after the callback, so start-up collections count)
+# As the `wok` command runs (pyproject's console script, wok.entry:main), with its gRPC environment set before grpc
+# loads; wok.__main__.main alone left gRPC core's logging on. After the callback, so start-up collections count.
+from wok.entry import main  # noqa: E402
 
-sys.exit(main(["serve", *rest]))
+sys.argv = ["wok", "serve", *rest]
+sys.exit(main())

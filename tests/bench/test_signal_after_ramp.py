@@ -1,0 +1,120 @@
+"""A Ctrl-C (or SIGTERM, SIGHUP) after a ramp's last step, as its result is built, written and printed, or as the
+process exits: every step run is the result, written and printed whole, and the status is the run's (docs/bench.md,
+"Exit status"). Raised as the table printed, it cost the table (exit 130, "wok bench: interrupted"), before the JSON
+was written the JSON too; in the interpreter's exit it ended the process by the signal (status -2, no word)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from wok.bench.cli import _restore_signals, _signals_interrupt
+from wok.bench.workers import run_held, signals_held
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _ramp(target: list[str], out, gate: tuple[str, str], signals: int) -> tuple[int, str, str]:
+    """`wok bench ramp` of two short steps, sent `signals` SIGINTs as soon as the line `gate` names (its stream,
+    the start of the line) is read: the status, stdout and stderr."""
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", *target, "--metrics-url", "none", "--steps", "20,40"]
+    cmd += ["--step-duration", "0.3s", "--warmup", "0s", "--workers", "1", "--slo-p99", "10s", "--json", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stream, start = gate
+    seen = []
+    try:
+        for line in getattr(proc, stream):
+            seen.append(line)
+            if line.startswith(start):
+                break
+        else:
+            raise AssertionError(f"no {start!r} on {stream}:\n{''.join(seen)[-3000:]}")
+        for _ in range(signals):
+            proc.send_signal(signal.SIGINT)
+        # Through the streams, not communicate(), which reads the pipes past what the loop above holds buffered.
+        # Both are short: neither fills its pipe as the other is read to its end.
+        rest = {name: "".join(seen) if name == stream else "" for name in ("stdout", "stderr")}
+        for name in rest:
+            rest[name] += getattr(proc, name).read()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, rest["stdout"], rest["stderr"]
+
+
+def _check_whole(status: int, out: str, err: str, path) -> None:
+    assert status == 0 and "Traceback" not in err and "interrupted" not in err, (status, err[-3000:])
+    assert "max QPS under SLO" in out and "knee:" in out, out[-3000:]
+    result = json.loads(path.read_text())
+    assert [s["nominal_qps"] for s in result["steps"]] == [20, 40] and result["interrupted"] is None
+
+
+# As the JSON is said written (the table is printed next), as the table's verdict is read (its last lines, the
+# exit and the interpreter's teardown come next), and as its last warning is (the teardown, ~0.3 s, next: the SLO
+# is one every step meets).
+GATES = [
+    ("stderr", "wok bench: wrote "),
+    ("stdout", "max QPS under SLO"),
+    ("stdout", "warning: every step met the SLO"),
+]
+
+
+@pytest.mark.parametrize("gate", GATES, ids=["table", "verdict", "exit"])
+def test_a_ctrl_c_after_the_last_step_keeps_the_table_the_json_and_the_status(bench_server, tmp_path, gate):
+    out = tmp_path / "r.json"
+    _check_whole(*_ramp(["--target", bench_server.target], out, gate, 1), out)
+
+
+def test_two_ctrl_cs_after_the_last_step_of_replicas_keep_the_result(tmp_path):
+    """With --replicas 1, two Ctrl-Cs ~0.3 s after the last step gave "interrupted" and no table."""
+    out = tmp_path / "r.json"
+    status, stdout, err = _ramp(["--replicas", "1", "--model", "mlp"], out, GATES[0], 2)
+    _check_whole(status, stdout, err, out)
+
+
+def test_a_signal_held_is_raised_to_the_handler_once_the_work_is_whole(capfd):
+    interrupts = _signals_interrupt()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler would run here, at the next bytecode, were it not held
+                done = True
+        assert done
+        # The bench's handler raised once: a signal after it is said, as the run stops.
+        value, came = run_held(lambda: os.kill(os.getpid(), signal.SIGINT) or "figures")
+        assert (value, came) == ("figures", None)
+    finally:
+        _restore_signals(interrupts)
+    assert "wok bench: SIGINT while stopping after SIGTERM" in capfd.readouterr().err
+
+
+def test_run_held_hands_back_the_value_and_the_signal_that_came(capfd):
+    interrupts = _signals_interrupt()
+    try:
+        value, came = run_held(lambda: os.kill(os.getpid(), signal.SIGHUP) or "figures")
+        assert value == "figures" and isinstance(came, KeyboardInterrupt) and str(came) == "SIGHUP"
+    finally:
+        _restore_signals(interrupts)
+
+
+def test_a_signal_once_the_run_has_its_result_is_said_not_raised(capfd):
+    interrupts = _signals_interrupt()
+    try:
+        interrupts.measured()
+        for s in (signal.SIGTERM, signal.SIGINT):
+            os.kill(os.getpid(), s)
+            time.sleep(0.01)  # a raise would come at the next bytecode: none does
+    finally:
+        _restore_signals(interrupts)
+    err = capfd.readouterr().err
+    assert "wok bench: SIGTERM after the run: its result is written first" in err, err
+    assert "wok bench: SIGINT while stopping after SIGTERM" in err, err
