@@ -31,6 +31,12 @@ TorchScript, torch.fx and torch.export go on reading the changed value as the id
 `_Walk.share`); what any op writes with `out=` is not followed (a lookup given one is still a lookup). Ids written into
 another tensor by such an op (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)`) reach a table through it, not followed,
 where `buf` or what shares its memory does.
+
+What holds none of the ids' values is not followed as them: what an op makes of their shape alone (BERT's
+`token_type_ids = torch.zeros_like(ids)`, positions `.expand_as(ids)`: `_LIKE`), a comparison's 0 or 1 cast to
+integers (`emb((ids > 50).long())`: within 2 rows), the floats attention makes of a padding mask (`ids == pad` as
+src_key_padding_mask, `ids.ne(0)` as attn_mask: `_ATTENTION`, `_attends`), which reads no mask as positions. Forward's
+parameters after the inputs take their defaults, as served: HF's `if inputs_embeds is None:` looks the ids up.
 """
 
 from __future__ import annotations
@@ -78,6 +84,14 @@ _FX_CASTS = {
     "bool": torch.bool, "float": torch.float32, "double": torch.float64, "half": torch.float16,
     "bfloat16": torch.bfloat16, "to": None,
 }  # fmt: skip
+# Attention's ops, as TorchScript and torch.export graphs call them (nn.TransformerEncoder's fast path among them): a
+# mask (`ids == pad` as src_key_padding_mask, `ids.ne(0)` as attn_mask) is added to or selects scores, or (a nested
+# tensor's) says which rows are kept; queries, keys and values are multiplied. None is read as a position.
+_ATTENTION = (
+    "scaled_dot_product_attention _scaled_dot_product_attention_math _native_multi_head_attention "
+    "_transformer_encoder_layer_fwd _masked_softmax _nested_tensor_from_mask _nested_tensor_from_mask_left_aligned"
+)
+_ATTENDING = frozenset(_ATTENTION.split())
 # Ops that read no value of their inputs as a position in another tensor (arithmetic, comparisons, casts, reductions,
 # a size, a new tensor, a container), by their names in TorchScript and torch.export graphs (less aten::/prim::) and
 # as torch.fx sees them called (torch's and python's operators): values made of an input's ids through them are
@@ -101,6 +115,7 @@ _NO_LOOKUP = frozenset(
         "to _to_copy long int float double half bfloat16 bool type_as cpu cuda",
         "ListConstruct TupleConstruct ListUnpack TupleUnpack TupleIndex cat concat concatenate stack",
         "float_power linear matmul mm bmm addmm relu sigmoid tanh softmax log_softmax",
+        _ATTENTION,
         "truediv floordiv mod and_ or_ xor invert lshift rshift getattr",
         "slice select narrow expand expand_as getitem __getitem__",
         "format str __is__ __isnot__ __contains__ RaiseException warn Uninitialized unchecked_cast isinstance",
@@ -123,6 +138,7 @@ _FRESH = frozenset(
         "sum mean max min amax amin argmax argmin prod any all count_nonzero cumsum",
         "zeros_like ones_like full_like empty_like new_zeros new_ones new_full new_empty arange zeros ones full empty",
         "cat concat concatenate stack float_power linear matmul mm bmm addmm relu sigmoid tanh softmax log_softmax",
+        _ATTENTION,
         "truediv floordiv mod and_ or_ xor invert lshift rshift",
     )
     for op in ops.split()
@@ -134,6 +150,12 @@ _INDICES_OF = frozenset(
     {"argmax", "argmin", "argsort", "bucketize", "searchsorted", "nonzero", "argwhere", "multinomial", "Int"}
 )
 _WITH_INDICES = frozenset({"topk", "sort", "max", "min", "kthvalue", "mode", "median", "nanmedian", "cummax", "cummin"})
+# Ops that read their first argument's shape (and dtype, device) alone, not its values: BERT's `token_type_ids =
+# torch.zeros_like(ids)` (or `ids.new_zeros(ids.shape)`) holds none of the ids; what they make of their other
+# arguments (a fill value, a size) is followed as any op's.
+_LIKE = frozenset(
+    {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full", "new_empty"}
+)
 # Ops that read an input's shape alone, not its ids: what they make (`arange(ids.size(1))`, positions) holds none.
 _SHAPES = frozenset({"size", "sym_size", "sym_numel", "sym_stride", "numel", "dim", "len", "stride", "dtype", "device"})
 # The attributes of a tensor that torch.fx reads with getattr and that hold none of its values.
@@ -288,13 +310,15 @@ class _Walk:
     share (`base`: value → its roots; an in-place change of one changes the others), the floats a table holds that
     were looked up at an input's ids, or an integer table's made floats (`values`: value → {input: how}; no ids, nor
     positions, until cast to an integer: `_Walk.table_values`; `held`: an integer table's, as `mixed` says them →
-    as `values` do, once floats), what reached a table, and the inputs whose bound is not known (`unbounded`: input
-    → why, module docstring)."""
+    as `values` do, once floats), the values known to be bools (`bools`: 0 or 1, which `masks` with a uint8 input's
+    ids is not), what reached a table, and the inputs whose bound is not known (`unbounded`: input → why, module
+    docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
         self.mixed: dict = {}
         self.masks: set = set()
+        self.bools: set = set()
         self.within: dict = {}
         self.integer: dict = {}
         self.base: dict = {}
@@ -397,6 +421,8 @@ class _Walk:
         masks = tensors and all(self.mask(t) for t in tensors) and all(isinstance(o, bool) for o in others)
         if masks and _bare(via) in _MASK_CLOSED and not into:
             self.masks.add(out)
+            if all(t in self.bools for t in tensors):  # not a uint8 input's ids, which `mask` takes for a mask
+                self.bools.add(out)
 
     def derive(self, outs, ins, via: str, restate: bool = False, reads: bool | None = None, into: bool = False) -> None:
         """`outs`, made by op `via` from `ins`: derived from each input any of `ins` is, not as ids (`restate`:
@@ -405,6 +431,9 @@ class _Walk:
         where wok does not follow them, which leaves their inputs without a bound; None: unless it is in
         `_NO_LOOKUP`. `into`: `via` writes its result into a tensor given (`out=`), which keeps its own dtype."""
         if _bare(via) in _SHAPES:
+            return
+        if _bare(via) in _ATTENDING and not into:
+            self.floats(outs, ins, via)
             return
         merged: dict[str, str] = {}
         unfollowed = f"{via}, which wok does not follow"
@@ -421,15 +450,31 @@ class _Walk:
                 self.values[o] = looked
             if _bare(via) in _COMPARES and not _is_in_place(via) and not into:
                 self.masks.update(outs)  # `emb(ids) > 0`
+                self.bools.update(outs)
         if merged:
             for o in outs:
                 self.mixed[o] = merged
             # `x.ne_(0)` of integers holds integers, and so does `torch.ne(x, 0, out=integers)`: 0s and 1s, rows.
             if _bare(via) in _COMPARES and not _is_in_place(via) and not into:
                 self.masks.update(outs)
+                self.bools.update(outs)
             if reads or (reads is None and _bare(via) not in _NO_LOOKUP):
                 for name in merged:
                     self.unbounded.setdefault(name, f"its ids reach {via}, which wok does not follow")
+
+    def floats(self, outs, ins, via: str) -> None:
+        """`outs`, floats that op or module `via` made of `ins`: attention, where a mask made of ids (`ids == pad` as
+        src_key_padding_mask) weighs or selects its scores, and is read as no position (`_ATTENTION`); a TorchScript
+        branch whose every way gives floats. They hold no ids, as a table's floats hold none: `values` (through a
+        layer norm, a dropout, a head, none is read), positions only once cast to integers (`cast_values`)."""
+        made: dict[str, str] = {}
+        for v in ins:
+            for name in self.inputs_of(v):
+                made.setdefault(name, f"the floats of {via}, given values made of its ids,")
+            for name, how in self.values.get(v, {}).items():
+                made.setdefault(name, how)
+        for o in outs if made else ():
+            self.values[o] = {**made, **self.values.get(o, {})}
 
     def remainder(self, out, divisor, dtype: torch.dtype | None, via: str) -> None:
         """`out` is a value of `dtype` (None: not known) `% divisor` by op `via`: in [0, divisor) whatever the ids,
@@ -480,6 +525,8 @@ class _Walk:
             self.base[out] = self.roots(src)
         if want == torch.bool or (src in self.masks and want is None):
             self.masks.add(out)
+        if want == torch.bool or (src in self.bools and want is None):
+            self.bools.add(out)
         if src in self.ids and _keeps_values(self.ids[src][1], want):
             name, have, taken = self.ids[src]
             self.ids[out] = (name, want or have, taken or (via if part else ""))
@@ -488,6 +535,9 @@ class _Walk:
             n, op = self.within.get(src, (None, ""))
             if n is not None and (want is None or n - 1 <= _most(want)):
                 self.within[out] = (n, op)
+            elif src in self.bools and read and want is not None and _most(want) >= 1:
+                # A bool's 0 or 1 as integers (`emb((ids > 50).long())`): within 2 rows, none of the ids' values.
+                self.within[out] = (2, f"{via} of a mask")
             dtype = self.integer_of(src) if want is None else want
             if dtype is not None and _most(dtype) >= 0:
                 self.integer[out] = dtype
@@ -698,7 +748,7 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             walk.positions([node], [a for a in ins[1:] if a is not node.args[0]], op)
         elif op in _PARTS and node.args:
             walk.keep(node, node.args[0], via=op, part=True)
-            walk.derive([node], ins[1:], op, reads=False)
+            walk.derive([node], _shape_read(op, ins[1:]), op, reads=False)
             if op in _POSITIONED:
                 walk.positions([], [a for a in ins if a is not node.args[0]], op)
         elif op in _CASTS and node.args:
@@ -710,7 +760,8 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             walk.lookup(node.args[1], _rows_of(getattr(node.args[0], "meta", {}).get("val")), op)
             walk.derive([node], [a for a in ins if a is not node.args[1]], op, reads=False)
         else:
-            walk.derive([node], ins, op)
+            first = node.args[0] if node.args else None
+            walk.derive([node], _values_read(op, ins, first, _fx_nodes([node.args[1:], node.kwargs])), op)
             if op == "aten::remainder" and len(node.args) == 2:
                 # The trace's dtypes are the graph's own: a float's `% n` is not within n (`_Walk.remainder`).
                 walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]), op)
@@ -744,6 +795,27 @@ def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
                 walk.in_place(target, _written_by(op, name), ins)
     if changed or filled or _bare(op) not in _FRESH:
         walk.share(node, ins)
+
+
+def _shape_read(op: str, others: list) -> list:
+    """The other arguments than the tensor of one of `_PARTS` whose values it may read: none of `expand_as`, which
+    reads its other's shape alone (`arange(ids.size(1)).expand_as(ids)`, BERT's positions)."""
+    return [] if _bare(op) == "expand_as" else others
+
+
+def _values_read(op: str, ins: list, first, rest: list) -> list:
+    """Those of `ins`, an op's arguments, whose values op `op` may read: all but its first argument `first` where it
+    is one of `_LIKE`, which reads that one's shape alone, and `first` is not given again among the others (`rest`)."""
+    if _bare(op) not in _LIKE or first is None or any(r is first for r in rest):
+        return ins
+    return [v for v in ins if v is not first]
+
+
+def _fx_nodes(args) -> list:
+    """The fx nodes among `args`, at any depth of its lists, tuples and dicts."""
+    found: list = []
+    torch.fx.node.map_arg(args, found.append)
+    return found
 
 
 def _fx_val_dtype(node) -> torch.dtype | None:
@@ -909,7 +981,7 @@ class _Script:
                 walk.positions(outs, index, kind)
             elif kind in _PARTS:
                 walk.keep(outs[0], ins[0], via=kind, part=True)
-                walk.derive(outs, ins[1:], kind, reads=False)
+                walk.derive(outs, _shape_read(kind, ins[1:]), kind, reads=False)
                 if kind in _POSITIONED:
                     walk.positions([], ins[1:], kind)
             elif kind in ("aten::__getitem__", "prim::TupleIndex"):
@@ -940,7 +1012,13 @@ class _Script:
     def unfollowed(self, node, kind: str, ins: list, outs: list) -> None:
         """An op whose result is not followed as ids: derived from its inputs, with what it writes."""
         walk = self.walk
-        walk.derive(outs, ins, kind, into=_writes_out(node))
+        if kind == "aten::pad":
+            # Its tensor is padded, none of its values read (F.multi_head_attention_forward's key_padding_mask, under a
+            # condition on its module's bias_k); its amounts are sizes, which fail past the tensor's.
+            walk.derive(outs, ins, kind, reads=False)
+            walk.derive([], ins[1:], kind)
+        else:
+            walk.derive(outs, _values_read(kind, ins, ins[0] if ins else None, ins[1:]), kind, into=_writes_out(node))
         if outs:
             walk.integer_op(outs[0], kind, [self.integer_arg(v) for v in ins])
             tensors = [v for v in ins if isinstance(v.type(), torch._C.TensorType)]
@@ -1016,6 +1094,11 @@ class _Script:
             if all(w is not None for w in ways) and len({w[:2] for w in ways}) == 1:
                 walk.ids[out] = (*ways[0][:2], next((w[2] for w in ways if w[2]), ""))
                 continue
+            if all(v in walk.values and not walk.inputs_of(v) for v in values):
+                # A table's floats or attention's either way (F.multi_head_attention_forward's, by a condition made
+                # of its mask): floats whichever is taken, positions only once cast.
+                walk.floats([out], ins + inner, "prim::If")
+                continue
             walk.derive([out], ins + inner, "prim::If", restate=True, reads=False)
             within = [walk.within.get(v) for v in values]
             if all(w is not None for w in within):  # `% n` either way: within the largest n
@@ -1065,9 +1148,15 @@ def _walk_script(walk: _Walk, module: torch.jit.ScriptModule, order: list[str], 
     nn.Embedding or nn.EmbeddingBag is its F.embedding's code there, whose branches are on settings known at load
     (its max_norm, the types of its table and ids) or keep the ids whichever way they go."""
     script = _Script(walk, module)
-    for name, value in zip(order, list(script.graph.inputs())[1:]):
+    values = list(script.graph.inputs())[1:]
+    for name, value in zip(order, values):
         if name in dtypes:
             walk.ids[value] = (name, dtypes[name], "")
+    # The parameters after the inputs take their defaults, as Servable calls forward: `if inputs_embeds is None:`
+    # is known, its lookup not under a condition.
+    for arg, value in zip(module.forward.schema.arguments[1 + len(order) :], values[len(order) :]):
+        if arg.has_default_value() and type(arg.default_value) in (type(None), bool, int, float, str):
+            script.known[value] = arg.default_value
     script.nodes(script.graph.nodes(), "")
 
 
@@ -1096,7 +1185,7 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
     forward's *args are not followed: torch.fx has one placeholder for them all. A TorchScript submodule is not
     traced into (torch.fx cannot) but walked as a TorchScript model is."""
     try:
-        traced = _traced_copy(module)
+        traced = _traced_copy(module, len(order))
     except _NotTraced as exc:
         if any(table_rows(m) for m in module.modules()):
             for name in dtypes:
@@ -1173,12 +1262,43 @@ def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: li
         # (an activation's; torch.nn's leaves write their input no other way) it changes its input, but a dropout
         # in eval, as served (`_traced_copy`), which leaves it as it is.
         shown = type(sub).__name__
-        walk.derive([node], ins, shown, reads=True)
+        if _attends(sub):
+            walk.floats([node], ins, shown)
+        else:
+            walk.derive([node], ins, shown, reads=True)
         idle = isinstance(sub, torch.nn.modules.dropout._DropoutNd) and not sub.training
         if getattr(sub, "inplace", False) and not idle:
             for arg in ins:
                 walk.in_place(arg, f"the {shown} module (inplace=True)", ins)
         walk.share(node, ins)
+
+
+# torch.nn's attention modules, leaves of torch.fx's trace: a mask given (src_key_padding_mask, attn_mask) is added
+# to or selects scores, queries, keys and values are multiplied (`_ATTENTION`, their ops): none is read as a position.
+_ATTENTION_MODULES = (
+    torch.nn.MultiheadAttention,
+    torch.nn.TransformerEncoderLayer,
+    torch.nn.TransformerEncoder,
+    torch.nn.TransformerDecoderLayer,
+    torch.nn.TransformerDecoder,
+    torch.nn.Transformer,
+)
+
+
+def _attends(module: torch.nn.Module) -> bool:
+    """Whether a leaf of torch.fx's trace is one of torch.nn's attention modules made of torch.nn's own parts alone:
+    not a subclass, nor holding one (`nn.TransformerEncoder(MyLayer(), 2)`) or a function of the model's own as a
+    layer's activation, whose code may read what it is given as positions."""
+    if type(module) not in _ATTENTION_MODULES:
+        return False
+    for part in module.modules():
+        if not type(part).__module__.startswith("torch.nn.modules."):
+            return False
+        activation = getattr(part, "activation", None)
+        own = getattr(torch.nn.functional, getattr(activation, "__name__", ""), None) is not activation
+        if activation is not None and not isinstance(activation, torch.nn.Module) and own:
+            return False
+    return True
 
 
 def _fx_op(node) -> str | None:
@@ -1190,7 +1310,8 @@ def _fx_op(node) -> str | None:
     if node.target is operator.getitem:
         return "getitem"
     name = getattr(node.target, "__name__", None)
-    if isinstance(name, str) and any(getattr(ns, name, None) is node.target for ns in (torch, torch.Tensor)):
+    spaces = (torch, torch.Tensor, torch.nn.functional)  # F.linear, F.scaled_dot_product_attention: torch._C's
+    if isinstance(name, str) and any(getattr(ns, name, None) is node.target for ns in spaces):
         return name
     return None
 
@@ -1254,7 +1375,7 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         walk.derive([node], ins[1:], name, reads=False)
     elif name in _FX_PARTS and args:
         walk.keep(node, args[0], via=name, part=True)
-        walk.derive([node], ins[1:], name, reads=False)
+        walk.derive([node], _shape_read(name, ins[1:]), name, reads=False)
         if name in _FX_INDEX:
             walk.positions([node], _fx_positions(args[1]), name)
         elif name == "index_select":
@@ -1287,7 +1408,10 @@ def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -
     into = "out" in node.kwargs
     # A function not torch's nor python's operator (the model's own) is never taken for one of _NO_LOOKUP's.
     known = name is not None or _py_operator(target)
-    walk.derive([node], ins, shown, reads=None if known else True, into=into)
+    first = args[0] if args else node.kwargs.get("input")
+    rest = _fx_nodes([args[1:], {k: v for k, v in node.kwargs.items() if k != "input" or args}])
+    read = _values_read(name, ins, first, rest) if name is not None else ins
+    walk.derive([node], read, shown, reads=None if known else True, into=into)
     if known:
         walk.integer_op(node, name or shown, [_fx_integer(walk, a) for a in (*args, *node.kwargs.values())])
         given = [*args, *(v for k, v in node.kwargs.items() if k != "out")]
@@ -1443,8 +1567,10 @@ class _OwnThreadTracer(torch.fx.Tracer):
         return isinstance(m, torch.jit.ScriptModule) or super().is_leaf_module(m, module_qualified_name)
 
 
-def _traced_copy(module: torch.nn.Module) -> torch.fx.GraphModule:
-    """torch.fx's trace of a copy of `module`; _NotTraced where it cannot be made. The copy shares the module's
+def _traced_copy(module: torch.nn.Module, served: int | None = None) -> torch.fx.GraphModule:
+    """torch.fx's trace of a copy of `module`, whose forward is given its first `served` parameters (None: all) by
+    position and the rest their defaults, as Servable calls it (`_served_defaults`); _NotTraced where it cannot be
+    made. The copy shares the module's
     parameters and TorchScript submodules (the trace writes to neither: it reads a parameter as a proxy, and calls
     no TorchScript) and holds each buffer as a meta tensor of its shape and dtype (one with no meta form, a quantized
     one, a copy): a table's rows are read from its shape, and a buffer of a GB is not copied at load. What forward
@@ -1465,10 +1591,26 @@ def _traced_copy(module: torch.nn.Module) -> torch.fx.GraphModule:
     # way of an `if self.training` was read, and an id the served way takes (clamped, hashed) refused.
     copied.eval()
     try:
-        graph = _OwnThreadTracer().trace(copied)
+        graph = _OwnThreadTracer().trace(copied, _served_defaults(copied.forward, served))
         return torch.fx.GraphModule(copied, graph, copied.__class__.__name__)
     except Exception as exc:  # a branch on its inputs' values, an op torch.fx cannot take: whatever it raises
         raise _NotTraced(f"be traced by torch.fx ({type(exc).__name__})") from exc
+
+
+def _served_defaults(forward, served: int | None) -> dict | None:
+    """The parameters of `forward` after its first `served`, which the server gives none (Servable calls it with its
+    inputs by position), each with the default it takes, where that is None, a bool, a number or a string: the trace
+    takes the way served of `if inputs_embeds is None:` (HF's), where a proxy in its place, which is not None, took
+    the other, and its tables stood for the served way's. None where there are none (or `*args`, `**kwargs`)."""
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if served is None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    plain = (type(None), bool, int, float, str)
+    given = {p.name: p.default for p in params[served:] if p.default is not p.empty and type(p.default) in plain}
+    return given or None
 
 
 def _fx_tensor(traced: torch.fx.GraphModule, node) -> torch.Tensor | None:

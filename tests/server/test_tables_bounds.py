@@ -577,8 +577,9 @@ class MaskCast(MaskReshaped):
 
 def test_a_mask_reshaped_stays_a_mask():
     """Reshaped, the mask was taken for ids reaching `table[...]` through ne: the python and scripted forms had no
-    bound; the exported one had (its graph keeps the bool dtype). A cast to integers is none. (A python model's
-    `.to(ids.device)` was read as a cast to another tensor's dtype: its ids were not checked.)"""
+    bound; the exported one had (its graph keeps the bool dtype). A cast to integers is none, but its 0 or 1 is within
+    2 rows. (A python model's `.to(ids.device)` was read as a cast to another tensor's dtype: its ids were not
+    checked.)"""
     example = (torch.zeros(2, 3, dtype=torch.long),)
     module = MaskReshaped().eval()
     module(torch.tensor([[0, 99, 5], [99, 0, 1]]))  # every id below the bound is served
@@ -596,8 +597,9 @@ def test_a_mask_reshaped_stays_a_mask():
             else "aten::index (table[ids]) of a parameter through aten::to"
         )
         assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
-        # The cast, not the comparison before it, is the step not followed.
-        assert found.unpublished == {"ids": f"it reaches {how}, which wok does not follow"}, kind
+        # The cast of a comparison holds 0 or 1: past one's single row.
+        past = "of a mask by 2, whose results from 1 to 1 are past its 1 rows"
+        assert found.unpublished == {"ids": f"it reaches {how} {past}"}, kind
 
 
 class ComparedInto(MaskCast):
