@@ -105,16 +105,19 @@ class _Key:
     def __init__(self, key: Hashable) -> None:
         self.key = key
         # A request came with it again since it was made, or since the last sweep of `Batcher._keys`: a key that
-        # comes once (one of many ids, a timestamp) is gone at the next sweep, once no request queued holds it.
+        # comes once (one of many ids, a timestamp) is gone at the next sweep, once no request queued nor batch running
+        # holds it and the slo policy keeps nothing of it (KEYS_KEPT).
         self.seen = False
 
     def __repr__(self) -> str:
         return f"_Key({self.key!r})"
 
 
-# How many keys `Batcher._keys` holds before a sweep drops those that no request came with since the last: at least
-# as many as the slo policy keeps fits for, so that a key whose fit is kept keeps it (a key dropped here and seen
-# again is a new one, its fit learned anew).
+# How many keys `Batcher._keys` holds before a sweep, which keeps those a request came with since the last sweep, a
+# request queued or a batch running holds, or the slo policy keeps a fit or an arrival rate of (its MAX_TRACKED_KEYS
+# most recent of each: `SloPolicy.tracked`), and drops the rest. So a key whose fit is kept keeps its _Key and finds
+# its fit when it comes again, and a key dropped is in none of the policy's tables (nothing of it is held): seen again
+# it is a new key, its fit learned anew. The bound is then at least twice the keys the sweep kept.
 KEYS_KEPT = 2 * MAX_TRACKED_KEYS
 
 
@@ -624,15 +627,21 @@ class Batcher:
         return held
 
     def _sweep_keys(self) -> None:
-        """Drop the keys that no request came with again since the last sweep and that no request queued holds (an
-        emptied queue waits for the task to drop it). Those kept are hashed again: one whose __hash__ or __eq__
-        raises now is dropped too, its queue (keyed by its _Key) served as it is; a request of an equal key is
-        queued anew, or fails as its key's hash does."""
+        """Drop the keys that no request came with again since the last sweep, that no request queued (an emptied
+        queue waits for the task to drop it) nor batch running holds, and that the slo policy keeps no fit or rate
+        of (KEYS_KEPT). Those kept are hashed again: one whose __hash__ or __eq__ raises now is dropped too, its
+        queue (keyed by its _Key) served as it is; a request of an equal key is queued anew, or fails as its key's
+        hash does."""
         queues = self._queues
+        # A running batch's key too: its end teaches the policy its fit (`_complete`), which a key dropped meanwhile
+        # would hold for nothing.
+        keep = {batch.key for batch in self._dispatched.values()}
+        if self.slo is not None:
+            keep.update(self.slo.tracked())
         kept: dict[Hashable, _Key] = {}
         for key, held in self._keys.items():
             q = queues.get(held)
-            if held.seen or (q is not None and q.requests):
+            if held.seen or held in keep or (q is not None and q.requests):
                 held.seen = False
                 try:
                     kept[key] = held

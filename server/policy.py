@@ -37,9 +37,10 @@ except the quantiles, which are recomputed over a window of recent values every 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -337,6 +338,10 @@ class SloPolicy:
     def arrived(self, key: Hashable, now: float, rows: int) -> None:
         meter, _ = _recent(self._rates, key, lambda: RateMeter(self.rate_tau_s))
         meter.add(now, rows)
+
+    def tracked(self) -> Iterable[Hashable]:
+        """The keys a fit or an arrival rate is kept of (the batcher keeps those keys: Batcher._sweep_keys)."""
+        return itertools.chain(self._rates, self.times._keys)
 
     def rate(self, key: Hashable, now: float) -> float:
         meter = self._rates.get(key)

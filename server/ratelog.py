@@ -115,8 +115,10 @@ class TracebackLog:
     running event loop arms the throttle there, so that what a window held is told at its end, in one line with no
     traceback that counts them by exception type: a flood writes its first traceback and then one line a window, and
     a burst that stops is still told. `close()` tells what is still held and leaves no timer on the loop; a failure
-    after it is logged at once, with its traceback, and arms nothing. Off any loop (`wok profile` runs a model's
-    check), what is held is told in the next line. `subject`: the lines' words,
+    after it is logged at once, with its traceback, and arms nothing, until `open()`: a server opens the logs it
+    serves with at its start and closes them at its stop, so that a servable served again (by a second server in the
+    process) is rate-limited again; while another server that opened it still serves, a close leaves it open. Off any
+    loop (`wok profile` runs a model's check), what is held is told in the next line. `subject`: the lines' words,
     "model 'm': its check (model:check) failed"; `failed(exc, line)` may word its own line for the first."""
 
     def __init__(self, logger: logging.Logger, level: int, subject: str, counted: str, every_s: float = 10.0) -> None:
@@ -128,6 +130,7 @@ class TracebackLog:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the throttle is armed on
         self._types: dict[str, int] = {}  # what is held, by exception type's name
         self._closed = False
+        self._opened = 0  # the servers serving with it now: each open()s it at its start and close()s it at its stop
 
     def failed(self, exc: BaseException, line: str | None = None) -> None:
         if self._closed:
@@ -161,9 +164,17 @@ class TracebackLog:
         self.logger.log(self.level, "%s %d more %s since the last logged (%s)%s", self.subject, held, times, types, why)
         return True
 
+    def open(self) -> None:
+        """A server starts serving with it: its failures are rate-limited (again, after a close), until every server
+        that opened it has closed it."""
+        self._opened += 1
+        self._closed = False
+
     def close(self) -> None:
-        """Tell what is held now and leave no timer on the loop; a later failure is logged at once (`failed`)."""
-        self._closed = True
+        """Tell what is held now and leave no timer on the loop; unless another server that opened it still serves,
+        a later failure is logged at once (`failed`), until the next `open()`."""
+        self._opened = max(0, self._opened - 1)
+        self._closed = not self._opened
         held = self.throttle.disarm()
         self._loop = None
         if held:

@@ -483,6 +483,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # By model (None: a name not served), the requests whose handler ended them with an unexpected error (a
         # bug): a traceback per request was thousands of lines a second under load.
         self._failures: dict[str | None, TracebackLog] = {}
+        # Its models' own logs (a check's, a batch_key's) are the servable's, which outlives a server: a second server
+        # serving it after this one's stop closed them would log each failure at once, with no rate limit.
+        for failures in self._servable_failure_logs():
+            failures.open()
 
     def failure_log(self, model: str) -> TracebackLog:
         """The log of the requests for `model` whose handler an unexpected error (no WokError: a bug) ended: by
@@ -499,10 +503,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         check's and batch_key's) and leave no timer on the loop."""
         for failures in self._failures.values():
             failures.close()
+        for failures in self._servable_failure_logs():
+            failures.close()
+
+    def _servable_failure_logs(self) -> list[TracebackLog]:
+        logs = []
         for rt in self.server.runtimes.values():
             if rt.servable.check_failures is not None:
-                rt.servable.check_failures.close()
-            rt.servable.batch_key_failures.close()
+                logs.append(rt.servable.check_failures)
+            logs.append(rt.servable.batch_key_failures)
+        return logs
 
     async def idle(self) -> None:
         """Return once no inference request is being handled and, after close_streams(), every

@@ -16,6 +16,7 @@ from torch import nn
 
 from wok import batcher as batcher_module
 from wok.batcher import Batcher, BatchingPolicy
+from wok.policy import SloPolicy
 from wok.servable import Servable
 from wok.stats import ModelStats
 
@@ -168,4 +169,44 @@ async def test_the_batchers_keys_are_swept_past_their_bound_keeping_those_queued
     finally:
         await b.stop()  # runs what is queued
     assert breaking.future.result()["OUTPUT0"].shape == (1, 4)
+    assert b.queued == 0 and b.inflight == 0
+
+
+async def test_a_key_the_slo_policy_keeps_a_fit_for_keeps_its_key_past_sweeps_and_a_swept_one_leaves_the_policy(gated):
+    # Past KEYS_KEPT keys a sweep dropped each key no request came with since the last sweep, though the slo policy
+    # kept its fit (its tables are by _Key, least recently seen out past MAX_TRACKED_KEYS): the key, come again, was
+    # a new _Key, its fit learned anew from the model-wide one's, while the old _Key's fit and the swept keys' rates
+    # stayed in the policy's tables until pushed out. Now a key the policy keeps a fit or rate for keeps its _Key,
+    # and a key swept is in none of the policy's tables (nor put back there by a batch of it still running).
+    _s, module, ex = gated(max_batch_size=8, delay_ms=10_000.0)
+    slo = SloPolicy(10.0, 8, 1)
+    b = Batcher("gated", ex, BatchingPolicy(8, 10.0, ()), ModelStats("gated"), slo=slo)
+    b.start()
+    inputs = {"INPUT0": np.ones((1, 4), np.float32)}
+    try:
+        for _ in range(20):
+            learned = b.submit(inputs, 1, ("learned",), None)
+            await learned.future
+        assert slo.times.batches(learned.key) == 20 > slo.times.min_batches  # its own fit, not the model-wide one
+        module.gate.clear()
+        module.entered.clear()
+        running = b.submit(inputs, 1, ("running",), None)
+        await asyncio.get_running_loop().run_in_executor(None, module.entered.wait, 10)
+        # Each key once, its request withdrawn (no batch runs): two sweeps' worth, so that ("learned",) and
+        # ("running",) are neither seen since the last sweep nor among the policy's most recent arrivals.
+        for i in range(2 * batcher_module.KEYS_KEPT + 1):
+            b.withdraw(b.submit(inputs, 1, ("once", i), None))
+        assert len(b._keys) <= 2 * batcher_module.KEYS_KEPT
+        module.gate.set()
+        await running.future
+        back = b.submit(inputs, 1, ("learned",), None)
+        assert back.key is learned.key  # the same _Key: its fit found, not learned anew
+        await back.future
+        assert slo.times.batches(back.key) == 21
+        assert b.submit(inputs, 1, ("running",), None).key is running.key
+        held = set(b._keys.values())
+        assert set(slo.times._keys) <= held and set(slo.times._coef) <= held and set(slo._rates) <= held
+    finally:
+        module.gate.set()
+        await b.stop()
     assert b.queued == 0 and b.inflight == 0

@@ -218,6 +218,66 @@ async def test_a_servables_batch_key_that_fails_is_logged_once_a_window_not_per_
     assert server.metrics.models["keyed"].responses == {"INTERNAL": 25, "OK": 1}
 
 
+def _hook_failing(hook: str) -> tuple[Servable, object, str]:
+    """(servable, its log of `hook`'s failures, the line that log begins each window with)."""
+    if hook == "check":
+        s = BuggyCheck(four_wide_config("own"), nn.Identity())
+        return s, s.check_failures, f"model 'own': its check ({BuggyCheck.__module__}:BuggyCheck.check) failed"
+    s = BuggyKey(four_wide_config("own"), nn.Identity())
+    return s, s.batch_key_failures, f"model 'own': its batch_key ({BuggyKey.__module__}:BuggyKey.batch_key) failed"
+
+
+async def _burst(stub, n: int) -> None:
+    results = await asyncio.gather(*(stub.ModelInfer(request(BAD)) for _ in range(n)), return_exceptions=True)
+    assert [r.code() for r in results] == [grpc.StatusCode.INTERNAL] * n, results
+
+
+@pytest.mark.parametrize("hook", ["check", "batch_key"])
+async def test_a_servable_served_again_by_a_second_server_is_rate_limited_as_by_the_first(hook, caplog):
+    # The first server's stop closed the servable's log for good: the second server's burst was logged a traceback
+    # per failure. Each server opens it at its start.
+    s, failures, line = _hook_failing(hook)
+    now = [0.0]
+    failures.throttle.clock = lambda: now[0]  # the window moves only when the test moves it
+    with caplog.at_level(logging.WARNING):
+        for server_no in range(2):
+            caplog.clear()
+            async with served(s) as (_, stub):
+                await _burst(stub, 10)
+                assert len(check_lines(caplog)) == 1, (server_no, [r.getMessage() for r in check_lines(caplog)])
+            now[0] += failures.throttle.every_s  # the second server's first failure is due at once, as the first's
+            first, stopped = check_lines(caplog)
+            assert (first.getMessage(), type(first.exc_info[1])) == (line, ValueError), server_no
+            assert stopped.getMessage() == (
+                f"{line} 9 more times since the last logged (ValueError: 9), as the server stops"
+            ), server_no
+            assert failures.throttle.window_end is None  # nothing left on the stopped server's loop
+
+
+async def test_a_servable_two_servers_serve_stays_rate_limited_on_the_one_left_when_the_other_stops(caplog):
+    # The stop of one of two servers serving the servable at once closed its log under the other's feet.
+    s, failures, line = _hook_failing("check")
+    now = [0.0]
+    failures.throttle.clock = lambda: now[0]
+    with caplog.at_level(logging.WARNING):
+        async with served(s) as (_, second):
+            async with served(s) as (_, first):
+                await _burst(first, 3)
+            now[0] += failures.throttle.every_s
+            caplog.clear()
+            await _burst(second, 10)
+            assert [r.getMessage() for r in check_lines(caplog)] == [line]
+        assert [r.getMessage() for r in check_lines(caplog)] == [
+            line,
+            f"{line} 9 more times since the last logged (ValueError: 9), as the server stops",
+        ]
+    # Closed by the last server's stop: a failure now (no server's loop to tell a window's count on) at once.
+    for _ in range(2):
+        with pytest.raises(CheckFailed):
+            s.check({"INPUT0": np.full((1, 4), BAD, np.float32)})
+    assert len(check_lines(caplog)) == 4
+
+
 # A BaseException a Servable's own check raises by the request's value (INPUT0's), on the event loop: the check's own.
 RAISED = {
     5: KeyboardInterrupt("ki"),
