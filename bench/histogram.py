@@ -217,11 +217,13 @@ class LatencyHistogram:
 
     @classmethod
     def from_dict(cls, d: dict) -> LatencyHistogram:
-        if d.get("unit") != "ns":
+        if not isinstance(d, dict) or d.get("unit") != "ns":
             # Imported here, on a refusal only: importing this module loads nothing of wok's (nor grpc, which
             # wok.errors loads). The unit was shown as repr shows it: a missing one and a null both None.
-            from ..errors import shown_entry
+            from ..errors import shown_data, shown_entry
 
+            if not isinstance(d, dict):  # d.get's AttributeError, which merge_results let through as a traceback
+                raise ValueError(f"histogram: expected a JSON object; got {shown_data(d)}")
             raise ValueError(f"histogram unit: expected 'ns'; got {shown_entry(d, 'unit')}")
         h = cls(int(d["sub_bucket_bits"]))
         if len(d["buckets"]) != len(d["counts"]):

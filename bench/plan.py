@@ -97,7 +97,9 @@ def json_kind(value) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    if isinstance(value, (int, float)):  # NaN and Infinity as the file writes them (str: nan, inf), as shown_data does
+        return shown_data(value)
+    return str(value)  # a Decimal (`wok plan` reads numbers so) as written
 
 
 def _object(value, where: str, *, optional: bool = False) -> dict:

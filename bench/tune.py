@@ -224,6 +224,7 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
         r2 = fit.get("r2")
         r2 = None if r2 is None else _json_number(r2, where, "fit.r2", "a number or null")
         samples = []
+        written = {}  # each batch's samples as the file writes them, for a refusal (float() made 10**400 inf)
         sizes = set()
         medians = []
         batches = doc.get("batches", [])
@@ -242,30 +243,35 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
                 sizes.add(n := _batch_size(b["batch_size"], where, f"batches[{i}].batch_size"))
             if times:
                 samples.append((i, n, times))
+                written[i] = listed
             median = b.get("median_s")
             if isinstance(median, (int, float)) and not isinstance(median, bool) and math.isfinite(median):
                 medians.append(float(median))  # only to bound α's rounding: the simulation never reads it
     except (AttributeError, KeyError, TypeError) as exc:
         raise ValueError(f"{where}: not a readable {PROFILE_SCHEMA} document: {exc!r}") from exc
-    for name, value in (("fit.alpha_s", alpha), ("fit.beta_s", beta)):
+    # The file's values in its words, as `wok plan` shows the same file's (they were Python's: nan, inf).
+    for name, value in (("alpha_s", alpha), ("beta_s", beta)):
         if not math.isfinite(value):
-            raise ValueError(f"{where}: {name}: expected a finite number; got {value!r}")
+            raise ValueError(f"{where}: fit.{name}: expected a finite number; got {json_kind(fit[name])}")
     # A NaN or infinite batch time passed the simulator's `> 0` check and surfaced mid-search as
     # "a request with code OK has no completion time", naming neither the file nor the sample.
     for i, _, times in samples:
-        bad = next((t for t in times if not math.isfinite(t)), None)
+        bad = next((j for j, t in enumerate(times) if not math.isfinite(t)), None)
         if bad is not None:
-            raise ValueError(f"{where}: batches[{i}].samples_s: expected finite seconds; got {bad!r}")
+            raise ValueError(
+                f"{where}: batches[{i}].samples_s: expected finite seconds; got {json_kind(written[i][bad])}"
+            )
         # A batch takes time: one of 0 s or less was refused only once drawn from (--batch-times samples),
         # by the simulator, without the file or the field ("batch_samples: size 1 needs ... positive times").
-        bad = next((t for t in times if not t > 0), None)
+        bad = next((j for j, t in enumerate(times) if not t > 0), None)
         if bad is not None:
-            raise ValueError(f"{where}: batches[{i}].samples_s: expected batch times > 0 s; got {bad!r}")
+            got = json_kind(written[i][bad])
+            raise ValueError(f"{where}: batches[{i}].samples_s: expected batch times > 0 s; got {got}")
     # As `wok plan --profile` reads the same fit (one profile, one T(n)): β, the time per row, must be
     # ≥ 0; a fit can come out with α below 0 (noise at small n), which the simulator cannot take, so
     # it is clamped to 0, T(n) = β·n, and the result warns (`warnings`).
     if beta < 0:
-        raise ValueError(f"{where}: fit.beta_s: β: expected a time >= 0 s; got {beta!r} s")
+        raise ValueError(f"{where}: fit.beta_s: β: expected a time >= 0 s; got {json_kind(fit['beta_s'])} s")
     # A profile written before `fit_linear` rounded such an α to 0 holds it as fitted (-4.3e-19 s): it is 0 as well,
     # judged against the smallest time the file measured (its samples, else its medians; none: only 0 is).
     measured = [t for _, _, times in samples for t in times] or [m for m in medians if m > 0]
@@ -337,7 +343,7 @@ def load_overhead(path: Path, what: str = "--overhead-samples") -> tuple[float, 
         raise ValueError(f"{what} {path}: samples_s: expected numbers of seconds; got {json_kind(bad)}")
     bad = next((x for x in samples if not 0 <= x < math.inf), None)
     if bad is not None:
-        raise ValueError(f"{what} {path}: samples_s: expected finite seconds ≥ 0; got {bad!r}")
+        raise ValueError(f"{what} {path}: samples_s: expected finite seconds ≥ 0; got {json_kind(bad)}")
     return tuple(float(x) for x in samples)
 
 

@@ -185,6 +185,7 @@ from .channel import (
     channel_options,
     close_ending_watches,
     family_of,
+    is_target_list,
     loop_future,
     loop_state,
     on_thread,
@@ -326,6 +327,9 @@ class BalancerSettings:
 
 def split_targets(target: str | Sequence[str]) -> list[tuple[str, int]]:
     """[(host, port)] of "host:port", "a:p,b:p", "dns:///name:port" or a list of them."""
+    expected = "expected host:port, [ipv6]:port, dns:///name:port or a list of them"
+    if not isinstance(target, str) and not is_target_list(target):  # as channel_target refuses it
+        raise TypeError(f"target: {expected}; got {shown_value(target)}")
     items = [t.strip() for t in target.split(",")] if isinstance(target, str) else [str(t).strip() for t in target]
     out = []
     for item in items:
@@ -343,10 +347,7 @@ def split_targets(target: str | Sequence[str]) -> list[tuple[str, int]]:
             )
         out.append(parsed)
     if not out:  # said "no target given", naming nothing given
-        raise ValueError(
-            f"target: expected host:port, [ipv6]:port, dns:///name:port or a list of them; got an empty "
-            f"{type(target).__name__}"
-        )
+        raise ValueError(f"target: {expected}; got an empty {type(target).__name__}")
     return out
 
 

@@ -242,9 +242,16 @@ def target_list(target: str | Sequence[str]) -> list[str]:
         if "," not in target or target.startswith(_SCHEMES):
             return [target]
         return [t.strip() for t in target.split(",")]
-    if not isinstance(target, Iterable):  # None: list()'s "'NoneType' object is not iterable"
+    if not is_target_list(target):
         raise TypeError(f"target: {TARGET_EXPECTED}; got {shown_value(target)}")
     return list(target)
+
+
+def is_target_list(target: object) -> bool:
+    """Whether `target`, not a string, may be a list of targets. None was list()'s "'NoneType' object is not
+    iterable"; bytes, iterable, a list of integers ("argument of type 'int' is not iterable", or with the wok balancer
+    "target '49': ... needs host:port")."""
+    return isinstance(target, Iterable) and not isinstance(target, (bytes, bytearray, memoryview))
 
 
 def split_host_port(text: str) -> tuple[str, int] | None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 
@@ -90,11 +91,14 @@ def read_profile_fit(path: Path) -> tuple[float, float]:
             f"profile {path}: fit.alpha_s and fit.beta_s: expected numbers; "
             f"got {shown_data(alpha)} and {shown_data(beta)}"
         )
-    alpha, beta = float(alpha), float(beta)
-    if not (math.isfinite(alpha) and math.isfinite(beta)):
+    # Shown as the file writes them (they were Python's nan and inf); an integer past a float's range is no finite
+    # number either: float() raised OverflowError on it, which the config's check (of a ValueError) let through.
+    if not all(math.isfinite(v) if isinstance(v, float) else abs(v) <= sys.float_info.max for v in (alpha, beta)):
         raise ValueError(
-            f"profile {path}: fit.alpha_s and fit.beta_s: expected finite numbers; got {alpha!r} and {beta!r}"
+            f"profile {path}: fit.alpha_s and fit.beta_s: expected finite numbers; "
+            f"got {shown_data(alpha)} and {shown_data(beta)}"
         )
+    alpha, beta = float(alpha), float(beta)
     # A fitted α can come out slightly below 0 (noise at small n), as wok tune also clamps.
     return max(alpha, 0.0), max(beta, 0.0)
 

@@ -170,6 +170,26 @@ def test_a_histogram_of_another_unit_is_refused_naming_what_it_holds(unit, got):
     assert str(info.value) == f"histogram unit: expected 'ns'; got {got}"
 
 
+@pytest.mark.parametrize(("given", "got"), [(None, "null"), ([1, 2], "[1, 2]"), ("ns", "'ns'")])
+def test_a_histogram_that_is_no_object_is_refused_as_one(given, got):
+    # from_dict's d.get raised AttributeError, which merge_results let through: a traceback, naming neither the part
+    # nor the step.
+    with pytest.raises(ValueError) as info:
+        LatencyHistogram.from_dict(given)
+    assert str(info.value) == f"histogram: expected a JSON object; got {got}"
+
+
+def test_a_part_whose_step_histogram_is_no_object_is_refused_naming_it(split_ramp):
+    _, parts = split_ramp
+    b = json.loads(json.dumps(parts[1]))
+    b["steps"][0]["latency_histogram"] = None
+    with pytest.raises(ValueError) as info:
+        merge_results([parts[0], b], ["a.json", "b.json"])
+    assert str(info.value).endswith(
+        "latency_histogram of b.json: expected a latency histogram; histogram: expected a JSON object; got null"
+    )
+
+
 # -- merging results --------------------------------------------------------------------------------------
 def _requests(rng, n, duration):
     intended = np.sort(rng.uniform(0, duration, n))

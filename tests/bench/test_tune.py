@@ -249,9 +249,12 @@ def test_one_delay_in_two_units_is_one_setting():
         ({}, [{"batch_size": 4, "samples_s": [1e-3, True]}],
          "p.json: batches[0].samples_s: expected numbers of seconds; got true"),
         ({}, [{"batch_size": 1, "samples_s": [1e-3]}, {"batch_size": 4, "samples_s": [2e-3, float("nan")]}],
-         "p.json: batches[1].samples_s: expected finite seconds; got nan"),
+         "p.json: batches[1].samples_s: expected finite seconds; got NaN"),
         ({}, [{"batch_size": 1, "samples_s": [float("inf")]}],
-         "p.json: batches[0].samples_s: expected finite seconds; got inf"),
+         "p.json: batches[0].samples_s: expected finite seconds; got Infinity"),
+        # The file's words, as wok plan shows the same file's values: they were Python's nan and inf.
+        ({}, [{"batch_size": 1, "samples_s": [10**400]}],
+         "p.json: batches[0].samples_s: expected finite seconds; got an integer of 401 digits"),
     ],
 )  # fmt: skip
 def test_a_profile_that_cannot_be_simulated_is_refused_naming_the_file_and_field(fit, batches, message):
@@ -262,6 +265,29 @@ def test_a_profile_that_cannot_be_simulated_is_refused_naming_the_file_and_field
     with pytest.raises(ValueError) as refused:
         profile_from_document(doc, "p.json")
     assert str(refused.value).startswith(message), refused.value
+
+
+@pytest.mark.parametrize(
+    ("alpha", "shown"),
+    [(math.nan, "NaN"), (-math.inf, "-Infinity"), (10**400, "an integer of 401 digits")],
+    ids=["nan", "-inf", "int-past-float"],
+)
+def test_a_fit_of_no_finite_number_is_shown_as_wok_plan_shows_the_same_file(tmp_path, alpha, shown):
+    # wok tune showed it as Python writes it (nan, -inf, and inf for the integer past a float's range) where wok plan,
+    # reading the same file, said NaN: a file's value is shown in its words.
+    from fractions import Fraction
+
+    from wok.bench.plan import batch_from_profile
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": alpha, "beta_s": 1e-4}, "batches": []}))
+    with pytest.raises(ValueError) as tuned:
+        load_profile(path)
+    assert str(tuned.value) == f"{path}: fit.alpha_s: expected a finite number; got {shown}"
+    if isinstance(alpha, float):  # wok plan reads the integer exactly, and refuses it later, by the figures it makes
+        with pytest.raises(ValueError) as planned:
+            batch_from_profile(path, Fraction(4))
+        assert str(planned.value) == f"--profile {path}: fit.alpha_s: expected a finite number; got {shown}"
 
 
 def test_a_whole_batch_size_written_as_a_float_is_read_as_it_is():
@@ -280,8 +306,8 @@ def test_a_profile_whose_r2_is_not_a_number_is_refused_with_one_line(tmp_path, w
 @pytest.mark.parametrize(
     "samples, why",
     [
-        ([1e-3, float("nan")], "samples_s: expected finite seconds ≥ 0; got nan"),
-        ([float("inf")], "samples_s: expected finite seconds ≥ 0; got inf"),
+        ([1e-3, float("nan")], "samples_s: expected finite seconds ≥ 0; got NaN"),  # the file's word: it was nan
+        ([float("inf")], "samples_s: expected finite seconds ≥ 0; got Infinity"),
         ([1e-3, -2e-3], "samples_s: expected finite seconds ≥ 0; got -0.002"),
         ([True, 1e-3], "samples_s: expected numbers of seconds; got true"),
     ],
@@ -854,7 +880,7 @@ def test_a_negative_alpha_is_clamped_with_a_warning_and_a_negative_beta_refused_
     with pytest.raises(ValueError) as refused:
         profile_from_document(doc, "p.json")
     assert str(refused.value) == "p.json: fit.beta_s: β: expected a time >= 0 s; got -0.0001 s"
-    for bad, shown in ((float("nan"), "nan"), (float("inf"), "inf")):
+    for bad, shown in ((float("nan"), "NaN"), (float("inf"), "Infinity")):  # as plan shows them (it was nan, inf)
         with pytest.raises(ValueError) as refused:
             profile_from_document({"schema": "wok.profile/1", "fit": {"alpha_s": bad, "beta_s": 1e-4}}, "p.json")
         assert str(refused.value) == f"p.json: fit.alpha_s: expected a finite number; got {shown}"

@@ -116,11 +116,11 @@ def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
         ("cores", None, "cores: missing; expected a finite number of cores ≥ 0"),
         ("cpu_out_s", "null", "cpu_out_s: expected a finite number of seconds ≥ 0; got null"),
         # Refused by the simulator without the file: "the CPU stage's times and cores must be finite and ≥ 0".
-        ("cpu_in_s", float("nan"), "cpu_in_s: expected a finite number of seconds ≥ 0; got nan"),
-        ("cores", float("inf"), "cores: expected a finite number of cores ≥ 0; got inf"),
+        ("cpu_in_s", float("nan"), "cpu_in_s: expected a finite number of seconds ≥ 0; got NaN"),  # it said nan
+        ("cores", float("inf"), "cores: expected a finite number of cores ≥ 0; got Infinity"),
         ("background_cpu_s", -1e-3, "background_cpu_s: expected a finite number of seconds ≥ 0; got -0.001"),
         # "alpha_s must be a finite number of seconds; got nan": the simulator's field, not the file's.
-        ("batch_alpha_s", float("nan"), "batch_alpha_s: expected a finite number of seconds ≥ 0; got nan"),
+        ("batch_alpha_s", float("nan"), "batch_alpha_s: expected a finite number of seconds ≥ 0; got NaN"),
         # float() read true as 1 core, and a quoted number as its number.
         ("cores", True, "cores: expected a finite number of cores ≥ 0; got true"),
         ("batch_beta_s", "3e-5", "batch_beta_s: expected a finite number of seconds ≥ 0; got a string ('3e-5')"),

@@ -661,6 +661,21 @@ def test_the_wok_balancer_refuses_an_empty_list_of_targets_saying_so():
     )
 
 
+@pytest.mark.parametrize("given", [None, 8001, b"127.0.0.1:8001"], ids=["none", "int", "bytes"])
+def test_a_target_of_no_string_nor_list_is_refused_by_its_type_by_either_balancer(given):
+    # The wok balancer's was list()'s "'NoneType' object is not iterable" (WORDING59 named only gRPC's); bytes were read
+    # as a list of integers: "argument of type 'int' is not iterable" with gRPC's, "target '49': ... needs host:port"
+    # with wok's.
+    with pytest.raises(TypeError) as info:
+        channel_target(given)
+    assert str(info.value) == TARGET_EXPECTED + repr(given)
+    with pytest.raises(TypeError) as info:
+        AsyncClient(given, balancer="wok")
+    assert str(info.value) == (
+        f"target: expected host:port, [ipv6]:port, dns:///name:port or a list of them; got {given!r}"
+    )
+
+
 async def test_a_callers_id_that_an_automatic_id_repeats_is_refused_after_the_results(serve):
     x = requests_for("mlp", np.random.default_rng(15))
     items = [{"model": "mlp", "inputs": x, "request_id": "1"}, ("mlp", x), ("mlp", x)]

@@ -535,6 +535,34 @@ def test_a_profile_without_a_schema_is_refused_saying_what_it_holds(tmp_path, do
     assert str(info.value) == f"profile {path}: {refusal}"
 
 
+@pytest.mark.parametrize(
+    ("alpha", "shown"),
+    [(math.nan, "NaN"), (math.inf, "Infinity"), (10**400, "an integer of 401 digits")],
+    ids=["nan", "inf", "int-past-float"],
+)
+def test_a_profile_fit_of_no_finite_number_is_refused_in_the_file_s_words(tmp_path, alpha, shown):
+    # They were shown by repr, Python's nan and inf (the schema's refusal beside it said JSON's), and an integer past a
+    # float's range raised float()'s OverflowError, which the config's check (of a ValueError) let through.
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": alpha, "beta_s": 1e-4}}))
+    with pytest.raises(ValueError) as info:
+        policy_module.read_profile_fit(path)
+    assert str(info.value) == (
+        f"profile {path}: fit.alpha_s and fit.beta_s: expected finite numbers; got {shown} and 0.0001"
+    )
+
+
+def test_a_profile_fit_past_a_float_s_range_is_a_config_error(slow_repository):
+    # float()'s OverflowError went through the config's check, which pydantic turns into a refusal for a ValueError
+    # only: a traceback from load_model_config instead of a ConfigError.
+    root = slow_repository()
+    _set_batching(root, 'policy = "slo"\nslo_ms = 30\nslo_profile = "p.json"\n')
+    _profile(root / "slow" / "p.json", 10**400, 0.001)
+    with pytest.raises(ConfigError) as info:
+        load_model_config(root / "slow")
+    assert str(info.value).endswith("expected finite numbers; got an integer of 401 digits and 0.001")
+
+
 async def test_a_profile_unreadable_by_the_start_fails_it_with_the_model_s_threads_shut_down(slow_repository):
     # The config is checked as the repository loads; the server reads the profile again as it
     # builds the model's batcher, after the model's load and warm-up. A profile edited between the
