@@ -134,7 +134,14 @@ def _clear_frames(*errors: BaseException | None) -> None:
     still running (the caller's) is left as it is. So is a generator's or coroutine's before Python 3.13, where
     clearing one suspended closes it (3.13 refuses, as for a running one) and nothing tells a suspended one from a
     finished one: a generator the model keeps, which caught an error the model then raised, was closed, and every
-    part failed on it (StopIteration)."""
+    part failed on it (StopIteration).
+
+    An error object raised again (a model that keeps one and raises it for each failed batch) keeps its traceback,
+    the new raise's entries put in front of it: the walk stops at an entry running the code the traceback starts in
+    (where wok caught it) that the entry before did not call (a recursion did), where the earlier raise's traceback
+    begins, walked when that one was caught. Walked to its end, each failed batch took longer than the last: a batch
+    of one 11 ms after 8,000 such (0.16 ms when its frames were not cleared), a batch of 4 rerun in parts 84 ms after
+    2,000."""
     todo, seen = list(errors), set()
     while todo:
         exc = todo.pop()
@@ -142,12 +149,18 @@ def _clear_frames(*errors: BaseException | None) -> None:
             continue
         seen.add(id(exc))
         tb = exc.__traceback__
+        head = None if tb is None else tb.tb_frame.f_code
+        caller = None
         while tb is not None:
-            if _CLEARS_SUSPENDED_SAFELY or not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
+            frame = tb.tb_frame
+            if frame.f_code is head and caller is not None and frame.f_back is not caller:
+                break  # raised again: the rest is that earlier raise's traceback
+            if _CLEARS_SUSPENDED_SAFELY or not frame.f_code.co_flags & _SUSPENDABLE:
                 try:
-                    tb.tb_frame.clear()
+                    frame.clear()
                 except RuntimeError:  # running (the caller's), or suspended (3.13 on)
                     pass
+            caller = frame
             tb = tb.tb_next
         todo += (exc.__cause__, exc.__context__)
 
