@@ -86,7 +86,13 @@ def plain_due(elapsed_s: float, due_s: float, every_s: float) -> float | None:
     the last one shown, the ramp from the step's start."""
     if elapsed_s < due_s + every_s:
         return None
-    return due_s + every_s * math.floor((elapsed_s - due_s) / every_s)
+    due = due_s + every_s * math.floor((elapsed_s - due_s) / every_s)
+    # The division rounds where `elapsed_s` is on the grid to the last bit (a period of 38.93... s, 4 of them past 3):
+    # the time stood for is the last that the check above, the next call's, finds passed, or a line due stood for the
+    # one before, and the same was due again at the next look.
+    while due + every_s <= elapsed_s:
+        due += every_s
+    return due
 
 
 def plain_count_line(
@@ -153,13 +159,16 @@ class PlainProgress:
         with self._lock:
             elapsed = self.clock() - self._start
             if self._phase is None:
-                line, self._due = plain_count_line(self.label, self._done, self.total, self.unit, elapsed, self._due)
-                return line
-            due = plain_due(elapsed, self._due, plain_progress_every(elapsed))
-            if due is None:
-                return None
-            self._due = due
-            return f"{self.label}: {self._phase}, {elapsed:.0f} s"
+                line, due = plain_count_line(self.label, self._done, self.total, self.unit, elapsed, self._due)
+            else:
+                due = plain_due(elapsed, self._due, plain_progress_every(elapsed))
+                line = None if due is None else f"{self.label}: {self._phase}, {elapsed:.0f} s"
+            if line is not None:
+                # Said later than a look after the time it stands for (the process was paused, Ctrl-Z; a phase's or a
+                # faster pace's shorter period), it starts the grid again: on the old one the next was due at once,
+                # two lines a moment apart. A line a look late or less keeps the grid, so the lines do not drift.
+                self._due = elapsed if elapsed - due > self.tick_s else due
+            return line
 
     def _run(self) -> None:
         while not self._stopped.wait(self.tick_s):

@@ -200,11 +200,60 @@ def test_plain_progress_says_a_phase_and_a_stuck_count_on_time_and_no_oftener():
         (90.0, "profiling m: 1/100 batches (1%), 90 s"),
         (150.0, "profiling m: 1/100 batches (1%), 150 s"),
         # A whole of at least 200 s: a period of 20 s at once, the line for 190 s (on the grid from 150 s) said at the
-        # first look; then a tenth of the time so far after it: at t = 190 + t/10, t = 211.1 s, then 234.6 s.
+        # first look, late, so that the grid starts again there: a tenth of the time so far after it, at
+        # t = 200.05 + t/10, t = 222.3 s (on the grid from 190 s it came at 211.1 s, 11 s after the line at 200 s).
         (200.05, "profiling m: counting FLOPs and bytes, 200 s"),
-        (211.15, "profiling m: counting FLOPs and bytes, 211 s"),
-        (234.6, "profiling m: counting FLOPs and bytes, 235 s"),
+        (222.3, "profiling m: counting FLOPs and bytes, 222 s"),
     ], said
+
+
+def test_plain_progress_after_a_pause_says_one_line_and_the_next_a_period_later():
+    """A process paused and resumed (Ctrl-Z then fg, a suspended VM) finds a line late at its first look: it is said,
+    and the next one a period after it. On the grid of the lines due before the pause (runner.plain_due), the line
+    for 90 s was said at 99.95 s and the one for 100 s at the next look, 0.05 s later, where until d50d5e0 a count's
+    next line was timed from the last one shown."""
+    from wok.bench.runner import PlainProgress
+
+    now = [0.0]
+    progress = PlainProgress("profiling m", 100, "batches", say=None, clock=lambda: now[0])
+    progress.phase("start-up warm-up")
+    said: list[tuple[float, str]] = []
+    # Looked at every 0.05 s, as the thread does every 0.2 s, but for the pause from 50 s to 99.95 s.
+    for look in [*(i / 20 for i in range(1, 1001)), *(i / 20 for i in range(1999, 2701))]:
+        now[0] = look
+        if (line := progress.line()) is not None:
+            said.append((look, line))
+    assert said == [
+        (10, "profiling m: start-up warm-up, 10 s"),
+        (20, "profiling m: start-up warm-up, 20 s"),
+        (30, "profiling m: start-up warm-up, 30 s"),
+        (40, "profiling m: start-up warm-up, 40 s"),
+        (50, "profiling m: start-up warm-up, 50 s"),
+        (99.95, "profiling m: start-up warm-up, 100 s"),
+        # A tenth of the time so far after it, at t = 99.95 + t/10: 111.06 s; on that grid (a look late, kept), then
+        # t = 111.06 + t/10: 123.4 s.
+        (111.1, "profiling m: start-up warm-up, 111 s"),
+        (123.4, "profiling m: start-up warm-up, 123 s"),
+    ], said
+
+
+def test_a_due_line_moves_the_grid_on_however_the_floats_round():
+    """runner.plain_due said a line due at 4 periods of 38.93... s where the last was due at 3, and then stood for
+    the old one, as (155.7 - 116.8) / 38.9 rounds below 1: the next look, a moment later, said the same line again
+    (a ramp's step of 389.3 s: `156 s of 389.337 s (40%)` twice); at 5 periods past 3 it stood for 4, and the next
+    look said 5's. The time a due line stands for is the latest its own check finds passed, past the last."""
+    from wok.bench.runner import plain_due, plain_progress_line
+
+    every = 38.93367347649403
+    due, now = 3 * every, 3 * every + every
+    assert plain_due(now, due, every) == now
+    line, due = plain_progress_line("step 1/1", now, 10 * every, due)
+    assert line == "step 1/1: 156 s of 389.337 s (40%)"
+    assert plain_progress_line("step 1/1", now + 1e-9, 10 * every, due) == (None, due)
+    cases = [(every, 3 * every, 5 * every), *((10 / 3, k * 10 / 3, k * 10 / 3 + 10 / 3) for k in range(1, 10))]
+    for every_s, due_s, elapsed_s in cases:
+        stood = plain_due(elapsed_s, due_s, every_s)
+        assert stood is not None and stood > due_s and plain_due(elapsed_s, stood, every_s) is None, (due_s, stood)
 
 
 class _Watched(io.StringIO):
