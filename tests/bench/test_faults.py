@@ -56,23 +56,18 @@ pytestmark = pytest.mark.timeout(120)
 # leaves it off again (its `off`, the ramp's end, or its expiry, which that test waits out), so the
 # next test finds the server as started.
 @pytest.fixture(scope="module")
-def servers(start_server_module):
-    """The admin and the plain server, started at once: their start-ups overlap."""
-    with ThreadPoolExecutor(2) as pool:
-        admin = pool.submit(start_server_module, "--models", "mlp", "--admin", "--torch-threads", "1")
-        plain = pool.submit(start_server_module, "--models", "mlp", "--torch-threads", "1")
-        return admin.result(), plain.result()
+def admin_server(start_server_module, server_process_start):
+    """The module's own server with --admin, its start-up beside the session's (plain_server), where that has not
+    begun yet."""
+    server_process_start()
+    return start_server_module("--models", "mlp", "--admin", "--torch-threads", "1")
 
 
 @pytest.fixture(scope="module")
-def admin_server(servers):
-    return servers[0]
-
-
-@pytest.fixture(scope="module")
-def plain_server(servers):
-    """No --admin: the admin paths are refused."""
-    return servers[1]
+def plain_server(bench_server):
+    """The session's server. No --admin: the admin paths are refused, and so every fault asked of it, which leaves
+    it as it was; the ramps against it read no metrics (--metrics-url none)."""
+    return bench_server
 
 
 # The tests of a ramp against the plain server, whose slow fault is refused (no --admin), and the
@@ -112,7 +107,8 @@ def replicas(request):
     """The replica without metrics and the replica set that the module's selected tests use, started
     at once (each start is mostly a process's imports), each its one test's own. Not autouse: made
     by the first of those tests, so that no start overlaps the module's other tests. Two at once, as
-    `servers`: more at once gained nothing on a 2-core host, the starts being CPU-bound."""
+    the admin and the session's servers: more at once gained nothing on a 2-core host, the starts
+    being CPU-bound."""
     items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
     needed = {name for item in items for name in getattr(item, "fixturenames", ()) if name in (NO_METRICS, REPLICA_SET)}
     ready: dict = {}

@@ -342,7 +342,7 @@ def _html_steps(text: str) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def test_the_html_steps_table_of_a_simulation_leaves_out_what_a_simulation_has_no_figure_for(result):
+def test_the_html_steps_table_of_a_simulation_leaves_out_what_a_simulation_has_no_figure_for(html):
     """The text table left out `loop p99` and `lag p99` of a `wok simulate` result; the HTML report showed its
     event-loop lag as "-", its dispatch lag as 0.00 and its late sends as 0 at every step: figures of an event loop
     and a load generator a simulation does not have."""
@@ -355,7 +355,7 @@ def test_the_html_steps_table_of_a_simulation_leaves_out_what_a_simulation_has_n
     assert head[-5:] == ["queue mean ms", "queue p99 ms", "mean batch", "SLO", "errors"], head
     assert len(rows) == 2 and all(len(row) == len(head) for row in rows)
     # A measured ramp keeps them, in their place.
-    head, rows = _html_steps(report.render_html(result))
+    head, rows = _html_steps(html)
     assert head[-8:] == ["queue mean ms", "queue p99 ms", "loop p99 ms", "mean batch", "lag p99 ms", "late sends",
                          "SLO", "errors"]  # fmt: skip
     assert all(len(row) == len(head) for row in rows)
@@ -563,7 +563,7 @@ def test_table_lists_the_results_warnings_under_its_verdicts(result):
     assert "warning" not in buf.getvalue()
 
 
-def test_a_ramp_stopped_early_by_a_rule_says_at_which_step_of_how_many_and_why(result):
+def test_a_ramp_stopped_early_by_a_rule_says_at_which_step_of_how_many_and_why(result, html):
     """The result's `stopped_early`, under the verdicts in text and HTML alike: the file said nothing of it."""
     stop = {"reason": "the step's P99 2001 ms is over 10 × the SLO (200 ms)", "rule": "stop_factor"}
     doc = {**result, "stopped_early": {**stop, "at_qps": 800.0, "steps_run": 3, "steps_planned": 8}}
@@ -572,10 +572,11 @@ def test_a_ramp_stopped_early_by_a_rule_says_at_which_step_of_how_many_and_why(r
     report.print_table(doc, file=buf)
     assert line in buf.getvalue().splitlines()
     assert f'<p class="verdict-note">{report._e(line)}</p>' in report.render_html(doc)
-    for whole in ({**result, "stopped_early": None}, result):  # null, or a file written before the key
+    # Null, or a file written before the key (`result`, whose page is the module's `html`).
+    for whole, page in (({**result, "stopped_early": None}, report.render_html), (result, lambda _: html)):
         buf = io.StringIO()
         report.print_table(whole, file=buf)
-        assert "stopped early" not in buf.getvalue() and "stopped early" not in report.render_html(whole)
+        assert "stopped early" not in buf.getvalue() and "stopped early" not in page(whole)
     # A soak run's verdicts, and so its stop, are its capacity ramp's.
     soak = {**soak_document(), "stopped_early": {**stop, "at_qps": 100.0, "steps_run": 2, "steps_planned": 3}}
     assert report.stopped_early_note(soak).startswith("the capacity ramp stopped early, after step 2 of 3 (100 QPS")

@@ -32,23 +32,18 @@ MIB = float(1 << 20)
 
 
 @pytest.fixture(scope="module")
-def servers(start_server_module):
-    """One server for the runs that leave it serving (a start costs seconds), and one for the run
-    that kills its target, started at once: their start-ups overlap."""
-    with ThreadPoolExecutor(2) as pool:
-        started = [pool.submit(start_server_module, "--models", "mlp", "--torch-threads", "1") for _ in range(2)]
-        return [f.result() for f in started]
+def cut_server(bench_server):
+    """The session's server, for the runs that leave it serving (a start costs seconds): they read its counters as
+    deltas."""
+    return bench_server
 
 
 @pytest.fixture(scope="module")
-def cut_server(servers):
-    return servers[0]
-
-
-@pytest.fixture(scope="module")
-def doomed_server(servers):
-    """Killed by the one test that uses it."""
-    return servers[1]
+def doomed_server(start_server_module, server_process_start):
+    """Killed by the one test that uses it; its start-up beside the session's (cut_server), where that has not
+    begun yet."""
+    server_process_start()
+    return start_server_module("--models", "mlp", "--torch-threads", "1")
 
 
 def _metrics(server) -> str:

@@ -145,9 +145,11 @@ def test_a_kept_worker_that_dies_as_a_ramp_looks_at_it_is_replaced(bench_server)
     assert _closed(victim)
 
 
-def test_a_kept_worker_stopped_between_ramps_is_replaced_within_the_ping_timeout(bench_server):
+def test_a_kept_worker_stopped_between_ramps_is_replaced_within_the_ping_timeout(bench_server, monkeypatch):
     """A worker SIGSTOPped between ramps was taken as alive: the next ramp waited START_TIMEOUT_S (60 s) for it to
-    connect, then failed. It does not answer the ramp's ping: killed and replaced within its timeout (5 s)."""
+    connect, then failed. It does not answer the ramp's ping: killed and replaced within its timeout (5 s; 2 s here,
+    as the stopped worker's whole wait is this timeout: the idle one answers in well under a millisecond)."""
+    monkeypatch.setattr(workers, "PING_TIMEOUT_S", 2.0)
     with WorkerProcesses() as processes:
         first = _pool(bench_server, 2, processes=processes)
         first.close()

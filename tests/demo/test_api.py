@@ -391,7 +391,6 @@ def live_demos(start_demo_module) -> dict:
     """The live demos the tests below take apart, started at once: each start is mostly
     two processes' imports (the demo's, then its server's)."""
     demos = {"refuses": start_demo_module("--rate", "20", ready=False)}
-    demos["killed"] = start_demo_module("--rate", "0", ready=False)
     demos["stuck"] = start_demo_module("--rate", "0", ready=False)
     demos["overloaded"] = start_demo_module("--rate", "0", ready=False)
     return {name: d.ready() for name, d in demos.items()}
@@ -418,23 +417,6 @@ def test_live_demo_refuses_cross_site_faults_and_bounds_the_queue(live_demos):
         load = next(json.loads(ln[6:]) for ln in stream if ln.startswith(b'data: {"type":"load"'))
     assert load["skipped"] == 0
     assert demo.stop() == 0
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-@pytest.mark.timeout(120)
-def test_sigkill_of_the_demo_ends_its_server(live_demos, proc_tree):
-    demo = live_demos["killed"]
-    (server,) = proc_tree.children(demo.proc.pid)
-    try:
-        demo.proc.kill()
-        demo.proc.wait(10)
-        deadline = time.monotonic() + 15
-        while proc_tree.alive(server) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not proc_tree.alive(server), "the demo's wok server outlived the demo"
-    finally:
-        if proc_tree.alive(server):
-            os.kill(server, signal.SIGKILL)
 
 
 @pytest.mark.timeout(120)
@@ -525,16 +507,30 @@ def _repository_of(server: int) -> Path:
     return Path(args[args.index("--model-repository") + 1])
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="reads the demos' servers' command lines in /proc")
+@pytest.mark.skipif(
+    sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's; reads the demos' servers' command lines in /proc"
+)
 @pytest.mark.timeout(120)
-def test_a_demo_removes_the_folders_of_killed_demos_and_no_running_ones(start_demo, proc_tree, tmp_path, monkeypatch):
+def test_sigkill_of_a_demo_ends_its_server_and_the_next_demo_removes_its_folder_and_no_running_ones(
+    start_demo, proc_tree, tmp_path, monkeypatch
+):
+    # One demo killed for both checks: each start is two processes' imports (the demo's, then its server's).
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     running, killed = start_demo("--rate", "0", ready=False), start_demo("--rate", "0", ready=False)
     running.ready(), killed.ready()
     (running_folder,) = [_repository_of(s) for s in proc_tree.children(running.proc.pid)]
-    (killed_folder,) = [_repository_of(s) for s in proc_tree.children(killed.proc.pid)]
-    killed.proc.kill()  # nothing of it can remove its folder
-    killed.proc.wait(10)
+    (server,) = proc_tree.children(killed.proc.pid)
+    killed_folder = _repository_of(server)
+    try:
+        killed.proc.kill()  # nothing of it can remove its folder
+        killed.proc.wait(10)
+        deadline = time.monotonic() + 15
+        while proc_tree.alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not proc_tree.alive(server), "the demo's wok server outlived the demo"
+    finally:
+        if proc_tree.alive(server):
+            os.kill(server, signal.SIGKILL)
     assert (killed_folder / MODEL / "config.yaml").is_file()
     # A pid file naming a process that runs but is not the demo that wrote it (its pid reused).
     reused = tmp_path / "wok-demo-reused"

@@ -252,7 +252,16 @@ def run_on():
     """`run_on("uvloop", coro)`: run the coroutine to its end on a fresh loop of that kind."""
 
     def run(loop: str, coro):
+        # The result is handed out past the main task, which ends holding None: as Runner.run returns, it looks its
+        # SIGINT handler up with signal.getsignal, which on Python 3.11 builds (and drops) a message holding the
+        # handler's repr, and so the task's and its result's. Answers of a few MiB took 1.5 s to repr per run.
+        result = []
+
+        async def main() -> None:
+            result.append(await coro)
+
         with asyncio.Runner(loop_factory=EVENT_LOOPS[loop]) as runner:
-            return runner.run(coro)
+            runner.run(main())
+        return result[0]
 
     return run
