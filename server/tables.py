@@ -37,6 +37,8 @@ What holds none of the ids' values is not followed as them: what an op makes of 
 integers (`emb((ids > 50).long())`: within 2 rows), the floats attention makes of a padding mask (`ids == pad` as
 src_key_padding_mask, `ids.ne(0)` as attn_mask: `_ATTENTION`, `_attends`), which reads no mask as positions. Forward's
 parameters after the inputs take their defaults, as served: HF's `if inputs_embeds is None:` looks the ids up.
+A python model's module, table or attention module whose call runs what torch.fx's trace does not (forward hooks, a
+forward set on it or its class: `_runs_its_class`) is not read as its class: what reaches it is not followed.
 """
 
 from __future__ import annotations
@@ -152,10 +154,9 @@ _INDICES_OF = frozenset(
 _WITH_INDICES = frozenset({"topk", "sort", "max", "min", "kthvalue", "mode", "median", "nanmedian", "cummax", "cummin"})
 # Ops that read their first argument's shape (and dtype, device) alone, not its values: BERT's `token_type_ids =
 # torch.zeros_like(ids)` (or `ids.new_zeros(ids.shape)`) holds none of the ids; what they make of their other
-# arguments (a fill value, a size) is followed as any op's.
-_LIKE = frozenset(
-    {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full", "new_empty"}
-)
+# arguments (a fill value, a size) is followed as any op's. Not empty_like nor new_empty: what they make holds
+# whatever their memory held, and looked up fails at ids below any bound.
+_LIKE = frozenset({"zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full"})
 # Ops that read an input's shape alone, not its ids: what they make (`arange(ids.size(1))`, positions) holds none.
 _SHAPES = frozenset({"size", "sym_size", "sym_numel", "sym_stride", "numel", "dim", "len", "stride", "dtype", "device"})
 # The attributes of a tensor that torch.fx reads with getattr and that hold none of its values.
@@ -1251,7 +1252,8 @@ def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: li
         return
     rows = table_rows(sub) if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) else []
     index = _fx_arg(node, 0, "input")
-    if rows and index is not None:
+    own = _runs_its_class(sub)
+    if rows and index is not None and own:
         partial = _LAST_OFFSET if getattr(sub, "include_last_offset", False) else ""
         walk.lookup(index, rows[0], f"the {type(sub).__name__} module", partial=partial)
         walk.derive([node], [a for a in ins if a is not index], type(sub).__name__, reads=False)
@@ -1266,6 +1268,9 @@ def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: li
             walk.floats([node], ins, shown)
         else:
             walk.derive([node], ins, shown, reads=True)
+        if rows and not own:
+            for name in {n for arg in ins for n in walk.inputs_of(arg)}:
+                walk.found.unclear.setdefault(name, f"it reaches {shown}, which wok does not follow")
         idle = isinstance(sub, torch.nn.modules.dropout._DropoutNd) and not sub.training
         if getattr(sub, "inplace", False) and not idle:
             for arg in ins:
@@ -1292,13 +1297,27 @@ def _attends(module: torch.nn.Module) -> bool:
     if type(module) not in _ATTENTION_MODULES:
         return False
     for part in module.modules():
-        if not type(part).__module__.startswith("torch.nn.modules."):
+        if not type(part).__module__.startswith("torch.nn.modules.") or not _runs_its_class(part):
             return False
         activation = getattr(part, "activation", None)
         own = getattr(torch.nn.functional, getattr(activation, "__name__", ""), None) is not activation
         if activation is not None and not isinstance(activation, torch.nn.Module) and own:
             return False
     return True
+
+
+def _runs_its_class(module: torch.nn.Module) -> bool:
+    """Whether a call of `module` runs its class's forward alone, as torch.fx's trace reads it: the trace calls the
+    traced model's class's forward, and makes a leaf's call a node, so neither runs the forward hooks (the module's,
+    or those of every module: `register_module_forward_pre_hook`) nor a forward set on the module or its class (a
+    patched attention, `emb.forward = ...`) that the served call runs."""
+    if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
+        return False
+    torchs = type(module).__module__.startswith("torch.")  # a leaf of the trace is torch's: its forward torch's too
+    if torchs and not (getattr(type(module).forward, "__module__", None) or "").startswith("torch."):
+        return False
+    every = torch.nn.modules.module
+    return not (getattr(every, "_global_forward_hooks", None) or getattr(every, "_global_forward_pre_hooks", None))
 
 
 def _fx_op(node) -> str | None:
@@ -1576,6 +1595,8 @@ def _traced_copy(module: torch.nn.Module, served: int | None = None) -> torch.fx
     one, a copy): a table's rows are read from its shape, and a buffer of a GB is not copied at load. What forward
     writes to a buffer outside the graph (`+= 1`) goes to the meta copy; a forward that reads a buffer's values at
     trace (`.item()`) cannot be traced."""
+    if not _runs_its_class(module):
+        raise _NotTraced("be traced as served (its call runs forward hooks or a forward set on it, not its class's)")
     memo: dict[int, object] = {id(p): p for p in module.parameters()}
     memo.update((id(m), m) for m in module.modules() if isinstance(m, torch.jit.ScriptModule) and m is not module)
     for b in module.buffers():

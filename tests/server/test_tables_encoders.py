@@ -165,6 +165,11 @@ class TypeFilled(TokenTypes):  # the fill value is an id: read
         return self.tok(ids) + self.types(ids.new_full(ids.shape, ids[0, 0].item()))
 
 
+class TypesUninitialised(TokenTypes):  # whatever the memory held: no id is sure to run
+    def forward(self, ids):
+        return self.tok(ids) + self.types(torch.empty_like(ids)) + self.types(ids.new_empty(ids.shape))
+
+
 def test_token_types_made_from_the_ids_shape_keep_the_bound():
     """`zeros_like(ids)` and `expand_as(ids)` read the ids' shape alone; they were followed as the ids changed."""
     for cls in (TokenTypes, TokenTypesNew):
@@ -178,6 +183,12 @@ def test_token_types_made_from_the_ids_shape_keep_the_bound():
     for kind, model in {"python": module, "scripted": torch.jit.script(module)}.items():
         found = id_ranges(model, ["ids"], I64)
         assert (found.bounds, found.rows) == ({}, {"ids": V}), kind
+    # empty_like's and new_empty's were read as zeros_like's, and a bound of 100 published for a lookup of what
+    # their memory held.
+    for kind, model in _forms(TypesUninitialised()).items():
+        found = id_ranges(model, ["ids"], I64)
+        assert (found.bounds, found.rows) == ({}, {"ids": V}), kind
+        assert "empty_like" in found.unpublished["ids"], (kind, found.unpublished)
 
 
 class HfEmbeds(nn.Module):
