@@ -1345,7 +1345,7 @@ def run_faults(args, cfg: RampConfig) -> dict:
     if replicas is not None:
         # With the result in hand, a signal as the replicas stop waits for them: raised in their wait, it lost the
         # result (exit 130, no table), and left the replicas to end with the bench.
-        _, came = run_held(replicas.close)
+        _, came = run_held(replicas.close, doing="the replicas stop (up to 30 s each)")
         if came is not None:
             say(f"{type(came).__name__}: {came} as the replicas stopped: the steps run are the result")
     return result

@@ -492,21 +492,34 @@ def _start_held(process) -> None:
 
 
 @contextmanager
-def signals_held() -> Iterator[None]:
+def signals_held(doing: str | None = None) -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP recorded, not handled, inside; on the way out the handlers are put back and
     the first signal that came is raised again, to the handler as it was (the bench's raises KeyboardInterrupt:
     cli._signals_interrupt), once the work inside is whole. For work that a KeyboardInterrupt raised halfway
     would lose: a step's figures once its answers are in, the result after the last step. Off the main thread,
-    which neither sets handlers nor runs them, nothing changes."""
+    which neither sets handlers nor runs them, nothing changes.
+
+    `doing`, for work that may take long (the replicas' stop: up to 30 s each), names it in a line said on stderr
+    as each signal comes: held silently, a Ctrl-C there did nothing to be seen for as long, a second one never
+    anything."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     came: list[int] = []
+
+    def held(signum, _frame) -> None:
+        came.append(signum)
+        if doing is not None:
+            name = signal.Signals(signum).name
+            then = "waited for, then the steps run are the result" if len(came) == 1 else "the result is written first"
+            # os.write, not print: the handler may run inside a print to stderr (cli._Interrupts.on_signal).
+            os.write(2, f"wok bench: {name} as {doing}: {then}\n".encode())
+
     before = {}
     for s in _HELD:
         handler = signal.getsignal(s)
         if handler not in (signal.SIG_IGN, None):  # None: set outside Python, left as it is
-            before[s] = signal.signal(s, lambda signum, _frame: came.append(signum))
+            before[s] = signal.signal(s, held)
     try:
         yield
     finally:
@@ -516,12 +529,13 @@ def signals_held() -> Iterator[None]:
             signal.raise_signal(came[0])
 
 
-def run_held(work: Callable[[], T]) -> tuple[T, KeyboardInterrupt | None]:
-    """`work()` under `signals_held`: its value, and the KeyboardInterrupt a signal meanwhile raised once it was
-    done (None: none came, or its handler raised nothing), for the caller to keep as it sees fit."""
+def run_held(work: Callable[[], T], doing: str | None = None) -> tuple[T, KeyboardInterrupt | None]:
+    """`work()` under `signals_held` (`doing`: its words for a signal meanwhile): its value, and the
+    KeyboardInterrupt a signal meanwhile raised once it was done (None: none came, or its handler raised nothing),
+    for the caller to keep as it sees fit."""
     done = False
     try:
-        with signals_held():
+        with signals_held(doing):
             value = work()
             done = True
     except KeyboardInterrupt as exc:

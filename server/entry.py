@@ -2,7 +2,8 @@
 hands over to it). The command's own module imports gRPC and
 asyncio first, about 0.1 s before its `main` takes over SIGINT: a Ctrl-C then ended in a
 KeyboardInterrupt traceback. Here it ends as a Ctrl-C a moment later does, one line and status 130.
-Nothing but `sys` and `os` (both loaded with the interpreter) is imported before the guard.
+Nothing but `sys` and `os` (both loaded with the interpreter) and `atexit` (built in) is imported before
+the guard.
 
 The command's gRPC settings (GRPC_DEFAULTS) are set here, before grpc loads, and not by importing
 wok.__main__: a process that imports it as a library (a test, a script calling its functions,
@@ -38,6 +39,12 @@ def set_grpc_defaults() -> None:
 
 
 def main() -> int:
+    import atexit  # built into the interpreter: imports nothing
+
+    at_exit = _ExitSignals()
+    # Registered before the command imports anything (multiprocessing, gRPC register theirs as they load): the
+    # exit functions run last first, so this one runs after theirs and after Python's joins of threads.
+    atexit.register(at_exit.teardown)
     try:
         set_grpc_defaults()
         from .__main__ import main as run
@@ -46,17 +53,72 @@ def main() -> int:
     except KeyboardInterrupt:  # only one that `run` did not handle itself: before its own guard
         print("wok: interrupted", file=sys.stderr)
         return 130
-    _ignore_signals_at_exit()
+    at_exit.returned(status)
     return status
 
 
-def _ignore_signals_at_exit() -> None:
-    """The command has returned its status, its output written: Ctrl-C, SIGTERM and SIGHUP are ignored while the
-    interpreter tears down (torch, gRPC: about 0.3 s after a bench run). Ignored, not handled: the interpreter's
-    finalization puts a Python handler back to the default action, and a Ctrl-C then ended the process by the
-    signal (status -2 to its parent, no word), its status lost; SIG_IGN it keeps. `wok serve` does so itself
-    (`_StopSignal.after_loop`)."""
-    import signal  # the command has imported it already
+class _ExitSignals:
+    """Ctrl-C, SIGTERM and SIGHUP once the command has returned its status, its output written.
 
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_IGN)
+    Until the exit functions have run, Python joins what is left running: a thread not a daemon (a python model's
+    own helper thread, in `wok profile`), multiprocessing's children. One that never ends held the exit for good;
+    a signal there leaves at once, with the command's status, its output flushed first. Ignored from the last exit
+    function on, while the interpreter and torch tear down (about 0.3 s after a bench run), which joins nothing of
+    Python's: ignored, not handled, as the interpreter's finalization puts a Python handler back to the default
+    action, and a Ctrl-C there ended the process by the signal (status -2 to its parent, no word), its status
+    lost; SIG_IGN it keeps. (Ignored from the return on, until 2026-12-07, a hang in those joins could not be
+    ended but by SIGKILL.) A signal ignored already (nohup; `wok serve`, `_StopSignal.after_loop`) stays so.
+
+    Left by a thread of its own, woken through the signals' wakeup fd: a Python handler runs on the main thread
+    alone, and the kernel may hand the signal to another one, which leaves the main thread's join asleep (a
+    handler alone left 9 in 40 such exits hung, with two threads besides)."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.armed: list[int] = []
+
+    def returned(self, status: int) -> None:
+        import signal  # the command has imported it already
+        import threading
+
+        self.status = status
+        # None: set outside Python, left as it is.
+        armed = [
+            s
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(s) not in (signal.SIG_IGN, None)
+        ]
+        # First: from the command's own handlers put back (bench/cli.py's) to here a signal is the default's, a
+        # KeyboardInterrupt out of main or the process's end; the thread's start (~0.1 ms) before these widened that.
+        for s in armed:
+            signal.signal(s, self._leave)  # a Python handler: what has the signal written to the wakeup fd
+        self.armed = armed
+        self._flush()  # block-buffered into a pipe, the output waited for the joins
+        if not armed:
+            return
+        woken, wake = os.pipe()
+        os.set_blocking(wake, False)  # as set_wakeup_fd requires: a full pipe drops a byte, it never blocks
+        signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+        threading.Thread(target=self._wait, args=(woken,), name="wok-exit-signal", daemon=True).start()
+
+    def _wait(self, woken: int) -> None:
+        os.read(woken, 1)  # a byte per signal handled by Python's: from the last exit function on, none comes
+        self._leave()
+
+    def _leave(self, _signum=None, _frame=None) -> None:
+        self._flush()
+        os._exit(self.status or 0)  # None: 0, as sys.exit takes it
+
+    def teardown(self) -> None:
+        import signal
+
+        for s in self.armed:
+            signal.signal(s, signal.SIG_IGN)
+
+    @staticmethod
+    def _flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, RuntimeError):  # closed (`wok … | head`), or a write it interrupted
+                pass

@@ -118,3 +118,30 @@ def test_a_signal_once_the_run_has_its_result_is_said_not_raised(capfd):
     err = capfd.readouterr().err
     assert "wok bench: SIGTERM after the run: its result is written first" in err, err
     assert "wok bench: SIGINT while stopping after SIGTERM" in err, err
+
+
+def test_a_signal_held_as_long_work_runs_is_said_at_once_and_a_second_too(capfd):
+    """The replicas' stop after the last step (`run_faults`) waits up to 30 s for each: a Ctrl-C there was held
+    without a word until it ended, a second one said nothing at all."""
+    doing = "the replicas stop (up to 30 s each)"
+
+    def stop() -> list[str]:
+        said = []
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs here, at the next bytecode
+            said.append(capfd.readouterr().err)
+        return said
+
+    interrupts = _signals_interrupt()
+    try:
+        said, came = run_held(stop, doing=doing)
+    finally:
+        _restore_signals(interrupts)
+    assert said == [
+        f"wok bench: SIGINT as {doing}: waited for, then the steps run are the result\n",
+        f"wok bench: SIGINT as {doing}: the result is written first\n",
+    ]
+    # Raised to the bench's handler once the stop is whole, as before: the caller keeps the result.
+    assert isinstance(came, KeyboardInterrupt) and str(came) == "SIGINT"
+    assert capfd.readouterr().err == ""
