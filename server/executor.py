@@ -273,6 +273,10 @@ class _Slot:
         self.outputs = HostBuffers(pinned)
 
 
+def _nothing() -> None:
+    """The first work item of an instance's worker pool: it starts the pool's thread (Instance)."""
+
+
 class Instance:
     """One copy of the model on one device, with its worker thread(s) and slots."""
 
@@ -351,6 +355,16 @@ class Instance:
                 # stream could read them before those kernels wrote them (torch's CUDA semantics: "sum() may
                 # start execution before normal_() finishes"). Once, before any batch.
                 torch.cuda.synchronize(device)
+        # The worker thread starts here, not in the first submit, where the pool starts it: a Ctrl-C landing in that
+        # start (a KeyboardInterrupt, where the bench tools submit from the main thread) left the thread running the
+        # batch unknown to the pool, whose shutdown waited for nothing, and Python's exit joined it: a stuck model's
+        # for good (`wok profile`'s Ctrl-C in its warm-up, about 1 run in 3 under load). No submit starts a thread.
+        try:
+            self._worker.submit(_nothing)
+        except BaseException:
+            # The thread, if started, takes the shutdown's end marker after the no-op and ends: nothing to wait for.
+            self._worker.shutdown(wait=False, cancel_futures=True)
+            raise
 
     def submit(
         self,
@@ -1167,8 +1181,8 @@ class Executor:
         except BaseException as exc:
             # An instance failed to build (its module's move or copy, a CUDA stream; a BaseException too: a Ctrl-C
             # lands here where the bench tools build an executor on the main thread): nobody gets this executor to
-            # shut down, so those built before it are shut down here, their pools closed (they start no thread
-            # before a batch) and their fault states stopped; then dropped, as is what the failing instance made:
+            # shut down, so those built before it are shut down here, their pools closed (their idle threads
+            # ended and joined) and their fault states stopped; then dropped, as is what the failing instance made:
             # the error's traceback holds this frame (`self`) and that instance's, and with them each instance's
             # module, a copy for every later instance on a device (on CUDA, device memory), as long as it is kept.
             self.shutdown()

@@ -308,6 +308,20 @@ def test_worker_threads_carry_an_os_name_that_top_and_proc_show(gated):
     assert Path(f"/proc/{os.getpid()}/task/{tid}/comm").read_text().strip() == "wok-run-0"
 
 
+def test_an_instances_worker_thread_runs_from_its_construction_so_no_submit_starts_a_thread(gated):
+    """The pool started its thread inside the first `submit`, and a Ctrl-C landing in that start (a KeyboardInterrupt:
+    the bench tools submit from the main thread) left the thread running the batch unknown to the pool: its shutdown
+    waited for nothing, and Python's exit joined the thread, a stuck model's for good (`wok profile`'s Ctrl-C in its
+    warm-up hung about 1 run in 3 under load). The worker thread now starts as the instance is built."""
+    import threading
+
+    _, _, ex = gated(max_batch_size=4, delay_ms=0, name="eager")
+    built = set(threading.enumerate())
+    assert [t.name for t in built if t.name.startswith("wok-eager-")] == ["wok-eager-0-run_0"]
+    ex.instances[0].submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30)
+    assert set(threading.enumerate()) - built == set()
+
+
 def test_the_worker_leaves_out_requests_whose_deadline_passed():
     import time
 
@@ -609,8 +623,8 @@ class InterruptedAtTheThirdInstance(torch.nn.Linear):
 
 def test_an_executor_failing_at_a_later_instance_shuts_down_and_lets_go_of_the_instances_it_built():
     """Nobody holds an executor whose construction raised: the instances built before the failing one were never
-    shut down (their pools open, their fault states unstopped). On the CPU no worker thread starts before a batch,
-    so none is left; on CUDA their streams are made at construction too. And the error held them (its traceback's
+    shut down (their pools open, their worker threads idle, their fault states unstopped): now their threads are
+    ended and joined; on CUDA their streams are made at construction too. And the error held them (its traceback's
     frames: the executor's `self`, the failing instance's), with the modules they run, a copy each for every later
     instance on a device (on CUDA, in device memory), for as long as a caller kept it (`wok serve` until it
     exits): now they can be collected while it is held."""
