@@ -1329,11 +1329,12 @@ def add_profile_parser(sub) -> None:
 
 
 @contextlib.contextmanager
-def _profile_progress(label: str, total: int):
+def _profile_progress(label: str, total: int | None):
     """What `wok profile` tells its progress to (profiler.Progress): a bar on stderr (stdout: the table) where that is
     a terminal that draws one, as the ramp's (runner.live_bar_console); elsewhere (nohup, CI, a pipe) plain lines
     there, on time while a batch or a phase runs (runner.PlainProgress). Until 2026-12-06 none there: the bar, off so
-    that its stop wrote no empty line before a refusal, left a long profile silent."""
+    that its stop wrote no empty line before a refusal, left a long profile silent. `total`: the batches, None until
+    `count_to` says it (the model's load, a phase before its max_batch_size is known)."""
     from .runner import PlainProgress, live_bar_console
 
     console = live_bar_console()
@@ -1357,6 +1358,9 @@ class _BarProgress:
     def __call__(self, batches: int) -> None:
         self.bar.advance(self.task, batches)
 
+    def count_to(self, total: int) -> None:
+        self.bar.update(self.task, total=total)
+
     def phase(self, name: str | None) -> None:
         self.bar.update(self.task, description=self.label if name is None else f"{self.label}: {name}")
 
@@ -1375,37 +1379,45 @@ def run_profile(args) -> int:
         if (refusal := integer_refusal("--torch-threads", args.torch_threads, 1)) is not None:
             raise ValueError(refusal)
         torch.set_num_threads(args.torch_threads)
-    try:
-        if args.model_repository is None:
-            servable = build_demo(args.model)
-        else:
-            servable = ModelRepository.from_directory(args.model_repository).get(args.model)
-    except ModelNotFound as exc:
-        raise ValueError(str(exc)) from None
-    if args.batch_sizes is not None:  # --batch-sizes '' is refused, not taken as the default
-        batch_sizes = profiler.parse_batch_sizes(args.batch_sizes)
-    else:
-        batch_sizes = profiler.default_batch_sizes(servable.config.max_batch_size)
-        if len(batch_sizes) < 2:
-            raise ValueError(
-                f"model '{servable.name}' has max_batch_size {servable.config.max_batch_size}: T(n) = α + β·n "
-                "needs batches of two or more sizes, and the server forms no batch above max_batch_size"
-            )
+    # The options read before the model is loaded (seconds for a large one): a typo is refused at once.
+    given_sizes = None if args.batch_sizes is None else profiler.parse_batch_sizes(args.batch_sizes)  # '': refused
     _named("--sizes", parse_sizes, args.sizes)  # else refused as "sizes ...", in no option's name
-    cfg = profiler.ProfileConfig(
-        batch_sizes=batch_sizes,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        sizes=args.sizes,
-        int_high=args.int_high,
-        device=args.device,
-        seed=args.seed,
-        cpu_linear=args.cpu_linear,
-    )
     peak = roofline.parse_rate(args.peak_flops, "--peak-flops") if args.peak_flops else None
     bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
-    total = (cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes))
-    with _profile_progress(f"profiling {servable.name}", total) as progress:
+    # The load is a phase of the progress: until 2026-12-07 it said nothing, and a large model's load looked hung.
+    # The batches' count is known once the model is (its max_batch_size sets the default sizes).
+    with _profile_progress(f"profiling {args.model}", None) as progress:
+        if args.model_repository is None:
+            progress.phase(f"loading model {quoted_name(args.model)}")
+        else:  # every model of the repository is loaded, as `wok serve` loads them
+            progress.phase(f"loading model repository {args.model_repository}")
+        try:
+            if args.model_repository is None:
+                servable = build_demo(args.model)
+            else:
+                servable = ModelRepository.from_directory(args.model_repository).get(args.model)
+        except ModelNotFound as exc:
+            raise ValueError(str(exc)) from None
+        if given_sizes is not None:
+            batch_sizes = given_sizes
+        else:
+            batch_sizes = profiler.default_batch_sizes(servable.config.max_batch_size)
+            if len(batch_sizes) < 2:
+                raise ValueError(
+                    f"model '{servable.name}' has max_batch_size {servable.config.max_batch_size}: T(n) = α + β·n "
+                    "needs batches of two or more sizes, and the server forms no batch above max_batch_size"
+                )
+        cfg = profiler.ProfileConfig(
+            batch_sizes=batch_sizes,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            sizes=args.sizes,
+            int_high=args.int_high,
+            device=args.device,
+            seed=args.seed,
+            cpu_linear=args.cpu_linear,
+        )
+        progress.count_to((cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes)))
         result = profiler.profile(
             servable,
             cfg,

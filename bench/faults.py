@@ -1177,14 +1177,16 @@ def print_rows(console, title: str, head: Sequence[str], rows: Sequence[Sequence
 
 
 def print_faults(result: dict, file=None) -> None:
-    """The fault table, and the timeline around the faults."""
+    """The requests' line, the fault table, and the timeline around the faults. No table without a fault (--replicas
+    alone): it printed one with a head and no row until 2026-12-07."""
     section, console = section_console(result, "faults", file)
     if section is None:
         return
     head, lost, tail = requests_summary(result)
     console.print(f"{head}[bold]{lost}[/bold]{tail}")
-    title = f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)"
-    print_rows(console, title, FAULT_HEAD, fault_rows(section))
+    if section["faults"]:
+        title = f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)"
+        print_rows(console, title, FAULT_HEAD, fault_rows(section))
     for line in problem_lines(section):
         console.print(f"[bold]{line}[/bold]", markup=True, highlight=False)
     rows = timeline_rows(section)

@@ -293,18 +293,21 @@ def _count_shared_batches_once(summed: LatencyHistogram, parts: Sequence[tuple[d
         except (KeyError, TypeError, ValueError):
             got = {k: len(v) if isinstance(v, list) else v for k, v in p.items()} if isinstance(p, dict) else p
             raise ValueError(
-                f"{where} of {name}: expected lists {', '.join(keys)} of one length; got {got} (lists as their lengths)"
+                f"{where} of {name}: expected lists {', '.join(keys)} of one length; got {shown_data(got)} (lists as "
+                "their lengths)"
             ) from None
-        for entry in entries:
+        for x, n, r in entries:
+            # Numbers as the file writes them: float() and int() read a string's digits and true as 1, int() 2.5 as 2.
+            valid = type(x) in (int, float) and type(n) is type(r) is int and 1 <= r < n
             try:
-                x, n, r = float(entry[0]), int(entry[1]), int(entry[2])
-                valid = math.isfinite(x) and x >= 0 and 1 <= r < n
-            except (TypeError, ValueError):
+                valid = valid and 0 <= float(x) < math.inf
+            except OverflowError:  # an integer past a float's range
                 valid = False
             if not valid:
                 raise ValueError(
-                    f"{where} of {name}: expected each entry a compute_ms ≥ 0 and 1 ≤ requests < batch_requests; "
-                    f"got compute_ms {entry[0]!r}, batch_requests {entry[1]!r}, requests {entry[2]!r}"
+                    f"{where} of {name}: expected each entry a compute_ms ≥ 0 and integers 1 ≤ requests < "
+                    f"batch_requests; got compute_ms {shown_data(x)}, batch_requests {shown_data(n)}, requests "
+                    f"{shown_data(r)}"
                 )
         entries = [(float(x), int(n), int(r)) for x, n, r in entries]
         own = LatencyHistogram.from_dict(t["compute_batch_histogram"])

@@ -129,8 +129,8 @@ def exact(value, what: str) -> Fraction:
         raise ValueError(f"{what}: expected a finite number; got {shown_data(value)}")
     if isinstance(value, (bool, float)):
         raise ValueError(f"{what}: expected decimal text, not a binary float; got {shown_data(value)}")
-    if isinstance(value, int):
-        return Fraction(value)
+    if isinstance(value, int):  # a JSON integer past a float's range was taken, and refused later naming no field
+        return _in_float_range(Fraction(value), what, value)
     if isinstance(value, Decimal):
         d = value
     else:
@@ -145,15 +145,16 @@ def exact(value, what: str) -> Fraction:
 
 
 def _in_float_range(x: Fraction, what: str, given) -> Fraction:
-    """`x`, if a float holds its magnitude: the plan's figures are reported as floats."""
+    """`x`, if a float holds its magnitude: the plan's figures are reported as floats. `given` shown as the option
+    (text) or the file (a JSON number, read as an int or Decimal: until 2026-12-07 `Decimal('1E+400')`) wrote it."""
     try:
         f = float(x)
     except OverflowError:
         f = math.inf
     if math.isinf(f) or (x and not f):
+        shown = str(given) if isinstance(given, Decimal) else shown_data(given)
         raise ValueError(
-            f"{what}: {shown_value(given)} is out of range: its magnitude is beyond what a 64-bit float holds "
-            "(about 1e-308 to 1e308)"
+            f"{what}: expected 0 or a number whose magnitude a 64-bit float holds (about 1e-308 to 1e308); got {shown}"
         )
     return x
 
@@ -568,6 +569,9 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
             detail["r2"] = float(fit["r2"])
         except (TypeError, ValueError):
             raise ValueError(f"{option} {path}: fit.r2: expected a number; got {json_kind(fit['r2'])}") from None
+        except OverflowError:  # an integer past a float's range: a traceback until 2026-12-07
+            got = json_kind(fit["r2"])
+            raise ValueError(f"{option} {path}: fit.r2: expected a number a 64-bit float holds; got {got}") from None
     # The sizes and times the fit was made on, as `wok tune` reads them; entries it cannot read are left to it
     # (the plan needs the fit alone): a size outside them is marked and warned of, a time bounds α's rounding.
     batches = doc.get("batches")

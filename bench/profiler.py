@@ -917,8 +917,9 @@ def _inputs_refused(
     # --int-high named only where the user gave it: a table's rows or the default is said as such.
     source = int_high_source(servable, cfg, by_input)
     others = [t.name for t in servable.config.inputs if integer_cap(t.datatype) is not None and t.name not in bounds]
+    made = _made(servable, cfg)
     if source == "given":
-        return f"the inputs made with --sizes {cfg.sizes} and --int-high {high}{own}: {exc}"
+        return f"{made} and --int-high {high}{own}: {exc}"
     drawn = ""
     if others:  # drawn below `high`: so `source` is "table" or "default"
         names = ", ".join(quoted_name(name) for name in others)
@@ -933,7 +934,15 @@ def _inputs_refused(
         else:
             why += "; --int-high to change"
         drawn = f" and {which} below {high} ({why})"
-    return f"the inputs made with --sizes {cfg.sizes}{drawn}{own}: {exc}"
+    return f"{made}{drawn}{own}: {exc}"
+
+
+def _made(servable: Servable, cfg: ProfileConfig) -> str:
+    """What shaped the profile's inputs: --sizes where an input has a variable dim, else the model's own dims (said
+    as --sizes fixed:16 until 2026-12-07, an option that shaped nothing there)."""
+    if any(t.variable for t in servable.config.inputs):
+        return f"the inputs made with --sizes {cfg.sizes}"
+    return "the inputs made at the model's fixed dims"
 
 
 def _names_model(servable: Servable, text: str) -> bool:
@@ -998,7 +1007,7 @@ def _batch_refused(
     if failed.answered:
         return (
             f"{batch} failed, though the model answered each of its requests rerun in smaller parts (as the server "
-            f"reruns a failed batch): the batch's size failed it, not the inputs made with --sizes {cfg.sizes}; the "
+            f"reruns a failed batch): the batch's size failed it, not {_made(servable, cfg)}; the "
             f"server reruns every such batch (a max_batch_size below {failed.size} keeps it from forming them, "
             f"--batch-sizes below {failed.size} profile the sizes that run): {_told(servable, failed.error)}"
         )

@@ -1029,8 +1029,9 @@ def _faults_html(result: dict) -> str:
 
     head, lost, tail = requests_summary(result)
     out = ["<h2>Faults</h2>", f"<p>{_e(head)}<strong>{_e(lost)}</strong>{_e(tail)}</p>"]
-    out.append(f"<h3>Faults (SLO P99 {_e(format(section['definitions']['slo_p99_ms'], 'g'))} ms)</h3>")
-    out.append(_table("faults", FAULT_HEAD, fault_rows(section)))
+    if section["faults"]:  # --replicas alone: no table of none (until 2026-12-07, a head and no row)
+        out.append(f"<h3>Faults (SLO P99 {_e(format(section['definitions']['slo_p99_ms'], 'g'))} ms)</h3>")
+        out.append(_table("faults", FAULT_HEAD, fault_rows(section)))
     out += [f'<p class="problem">{_e(line)}</p>' for line in problem_lines(section)]
     w = section["definitions"]["window_s"]
     out.append(

@@ -127,12 +127,13 @@ class PlainProgress:
 
     Called with the number of items just done (profiler.Progress); `phase(name)` names what runs where no item
     is counted (`None`: the items again): its line says that name and the time since the start, its period a step's
-    for a whole at least as long as the time so far. `line()` is the line due now, if any, at `clock()`."""
+    for a whole at least as long as the time so far. `line()` is the line due now, if any, at `clock()`. `total` may
+    be None until `count_to` says it, while a phase runs (`wok profile`'s model load: the model sets the count)."""
 
     def __init__(
         self,
         label: str,
-        total: int,
+        total: int | None,
         unit: str,
         say: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
@@ -155,10 +156,16 @@ class PlainProgress:
         with self._lock:
             self._phase = name
 
+    def count_to(self, total: int) -> None:
+        with self._lock:
+            self.total = total
+
     def line(self) -> str | None:
         with self._lock:
             elapsed = self.clock() - self._start
-            if self._phase is None:
+            if self._phase is None and self.total is None:  # no count to say yet, nor a phase
+                line, due = None, self._due
+            elif self._phase is None:
                 line, due = plain_count_line(self.label, self._done, self.total, self.unit, elapsed, self._due)
             else:
                 due = plain_due(elapsed, self._due, plain_progress_every(elapsed))

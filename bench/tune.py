@@ -385,7 +385,7 @@ def cpu_from_document(doc: dict, where: str = "CPU calibration") -> CpuStage:
         unit = "cores" if key.endswith("cores") else "seconds"
         expected = f"a finite number of {unit} ≥ 0"
         if key not in doc:
-            raise ValueError(f"{where}: {key}: missing; expected {expected}")
+            raise ValueError(f"{where}: {key}: expected {expected}; got none")
         x = _json_number(doc[key], where, key, expected)
         if not 0 <= x < math.inf:
             raise ValueError(f"{where}: {key}: expected {expected}; got {json_kind(doc[key])}")
@@ -415,8 +415,8 @@ def _fit_sizes(doc: dict, where: str) -> tuple[float, ...]:
             raise ValueError(f"{where}: points[{i}]: expected an object; got {json_kind(point)}")
         # The batch time's fit ran on these: one that is not a mean batch (≥ 1 request) cannot bound it.
         expected = "the load's mean batch size, a finite number ≥ 1"
-        if "mean_batch_size" not in point:  # said as a written null was: "got null"
-            raise ValueError(f"{where}: points[{i}].mean_batch_size: missing; expected {expected}")
+        if "mean_batch_size" not in point:  # not as a written null is: "got null"
+            raise ValueError(f"{where}: points[{i}].mean_batch_size: expected {expected}; got none")
         got = point["mean_batch_size"]
         n = _json_number(got, where, f"points[{i}].mean_batch_size", expected)
         if not 1 <= n < math.inf:
@@ -533,7 +533,7 @@ def _outside_points(cpu_doc: dict | None, where: str, histogram: str) -> list[tu
         if not isinstance(p, dict):
             raise ValueError(f"{where}: {field}: expected an object; got {json_kind(p)}")
         if "offered_qps" not in p:
-            raise ValueError(f"{where}: {field}.offered_qps: missing; expected a finite rate ≥ 0")
+            raise ValueError(f"{where}: {field}.offered_qps: expected a finite rate ≥ 0; got none")
         rate = _json_number(p["offered_qps"], where, f"{field}.offered_qps", "a finite rate ≥ 0")
         if not 0 <= rate < math.inf:
             got = json_kind(p["offered_qps"])

@@ -278,6 +278,27 @@ def test_never_sent_requests_are_counted_apart():
     assert "not_sent" not in fault_report(*hand_case(), specs=[], events=[], slo_p99_ms=100.0)["requests"]
 
 
+def test_replicas_without_a_fault_print_no_fault_table():
+    """--replicas alone has a faults section (the requests' line, lost ones counted) with no fault: the text printed
+    a fault table with its head and no row, the HTML one too. Now the line alone; a run with a fault keeps its
+    table."""
+    r = fault_report(*hand_case(), specs=[], events=[], slo_p99_ms=100.0, n_replicas=2)
+    result = {"config": {"retries": True, "rpc": "unary"}, "faults": r}
+    out = io.StringIO()
+    print_faults(result, file=out)
+    printed = out.getvalue()
+    assert printed.startswith("requests: 18 sent, 16 ok, 1 errors, 1 lost (retries on"), printed
+    assert "faults (SLO" not in printed and "recovery s" not in printed and "┃" not in printed, printed
+    html = report._faults_html(result)
+    assert "18 sent, 16 ok, 1 errors, " in html and "<h3>Faults" not in html and 'class="faults"' not in html, html
+    spec = parse_fault("kill:replica=1,at=5%,restart=10%")
+    faulted = {**result, "faults": fault_report(*hand_case(), specs=[spec], events=EVENTS, slo_p99_ms=100.0)}
+    out = io.StringIO()
+    print_faults(faulted, file=out)
+    assert "faults (SLO P99 100 ms)" in out.getvalue() and "kill:replica=1" in out.getvalue(), out.getvalue()
+    assert "<h3>Faults (SLO P99 100 ms)</h3>" in report._faults_html(faulted)
+
+
 def test_a_never_sent_request_with_a_completion_is_refused():
     from wok.bench.workers import NOT_SENT
 

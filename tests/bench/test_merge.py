@@ -1009,6 +1009,40 @@ def test_parts_without_partial_batches_merge_to_the_sum_and_bad_ones_are_refused
         merge_server_timing(bad, "step 3", ["a.json", "b.json", "c.json"])
 
 
+def test_a_partial_batch_entry_is_refused_in_the_files_words():
+    """An entry of a part's partial_batches that is no batch was shown as Python writes it (`nan`, `None`, a dict's
+    quotes): now in the file's words (errors.shown_data), as every other refusal of a file's value. A value that is
+    no JSON number of its kind (true, a string's digits, 2.5 requests) was read as one and merged."""
+    from wok.bench.merge import merge_server_timing
+
+    data = _batched_timing(np.random.default_rng(24), 100, lambda b, r: r % 2)
+    parts = [_written(analysis.server_timing_summary(lat, rows)) for lat, rows in data]
+    listed = parts[1]["partial_batches"]
+    assert len(listed["compute_ms"]) >= 1, listed
+    for x, n, r, said in [
+        (float("nan"), 4, 1, "compute_ms NaN, batch_requests 4, requests 1"),
+        (1.0, None, 1, "compute_ms 1.0, batch_requests null, requests 1"),
+        # Read as numbers (true as 1, a string's digits, 2.5 as 2) and merged.
+        (1.0, 4, True, "compute_ms 1.0, batch_requests 4, requests true"),
+        ("2", 4, 1, "compute_ms '2', batch_requests 4, requests 1"),
+        (1.0, 4, 2.5, "compute_ms 1.0, batch_requests 4, requests 2.5"),
+        (10**400, 4, 1, "compute_ms an integer of 401 digits, batch_requests 4, requests 1"),
+    ]:
+        bad = [dict(p) for p in parts]
+        bad[1]["partial_batches"] = {"compute_ms": [x], "batch_requests": [n], "requests": [r]}
+        with pytest.raises(ValueError) as refused:
+            merge_server_timing(bad, "step 3", ["a.json", "b.json", "c.json"])
+        assert str(refused.value).endswith(f"; got {said}"), str(refused.value)
+    bad = [dict(p) for p in parts]
+    bad[1]["partial_batches"] = {"compute_ms": [1.0], "batch_requests": None, "requests": "x"}
+    with pytest.raises(ValueError) as refused:
+        merge_server_timing(bad, "step 3", ["a.json", "b.json", "c.json"])
+    assert str(refused.value) == (
+        "step 3: server_timing.partial_batches of b.json: expected lists compute_ms, batch_requests, requests of one "
+        'length; got {"compute_ms": 1, "batch_requests": null, "requests": "x"} (lists as their lengths)'
+    )
+
+
 def test_histograms_of_other_layouts_are_refused_naming_the_field_and_the_files(split_ramp):
     rng = np.random.default_rng(22)
     _, parts = split_ramp

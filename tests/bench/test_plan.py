@@ -1297,6 +1297,11 @@ def test_the_cli_from_ramp_and_burst(tmp_path, capsys):
     assert "N = 4 GPUs + k = 1 → 5 replicas" in capsys.readouterr().out
 
 
+# A figure past a float's range (1e-400 is not 0), said as expected and got (until 2026-12-07 "'1e400' is out of
+# range: its magnitude is beyond ...").
+IN_RANGE = "expected 0 or a number whose magnitude a 64-bit float holds (about 1e-308 to 1e308); got "
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -1306,14 +1311,17 @@ def test_the_cli_from_ramp_and_burst(tmp_path, capsys):
         (["--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "1.2"], "(0, 1]"),
         (["--peak-qps", "x", "--t-batch", "20ms", "--batch-size", "16"], "not a number"),
         (["--t-batch", "20ms", "--batch-size", "16"], "exactly one way"),
-        (["--peak-qps", "1e400", "--t-batch", "20ms", "--batch-size", "16"], "--peak-qps: '1e400' is out of range"),
-        (["--peak-qps", "1e-400", "--t-batch", "20ms", "--batch-size", "16"], "--peak-qps: '1e-400' is out of range"),
-        (["--peak-qps", "100", "--t-batch", "1e400s", "--batch-size", "16"], "--t-batch: '1e400s' is out of range"),
+        (["--peak-qps", "1e400", "--t-batch", "20ms", "--batch-size", "16"], f"--peak-qps: {IN_RANGE}'1e400'"),
+        (["--peak-qps", "1e-400", "--t-batch", "20ms", "--batch-size", "16"], f"--peak-qps: {IN_RANGE}'1e-400'"),
+        (["--peak-qps", "100", "--t-batch", "1e400s", "--batch-size", "16"], f"--t-batch: {IN_RANGE}'1e400s'"),
         (
             ["--team", "a=1e400", "--t-batch", "20ms", "--batch-size", "16"],
-            "--team 'a=1e400': peak QPS: '1e400' is out",
+            f"--team 'a=1e400': peak QPS: {IN_RANGE}'1e400'",
         ),
-        (["--burst", "base=1e400,amplitude=1", "--t-batch", "20ms", "--batch-size", "16"], "'1e400' is out of range"),
+        (
+            ["--burst", "base=1e400,amplitude=1", "--t-batch", "20ms", "--batch-size", "16"],
+            f"amplitude=1': base: {IN_RANGE}'1e400'",
+        ),
         # Each input fits a float; their product does not.
         (["--peak-qps", "1e300", "--t-batch", "1e300s", "--batch-size", "16"], "beyond what a 64-bit float holds"),
         (
@@ -1494,6 +1502,31 @@ def test_a_non_finite_number_in_a_profile_is_refused_as_such(tmp_path, wok_cli):
         assert (status, err) == (2, f"wok plan: --profile {path}: fit.alpha_s: expected a finite number; got {value}\n")
     status, _, err = wok_cli("plan", "--peak-qps", "nan", "--t-batch", "20ms", "--batch-size", "16")
     assert (status, err) == (2, "wok plan: --peak-qps: expected a finite number; got 'nan'\n")
+
+
+@pytest.mark.parametrize(
+    ("fit", "why"),
+    [
+        # Taken exactly, then refused as "the inputs give a figure beyond what a 64-bit float holds ...: check the
+        # units of the peak and the batch time", no file nor field named.
+        ('"alpha_s": 1' + "0" * 400 + ', "beta_s": 0.001', f"fit.alpha_s: {IN_RANGE}an integer of 401 digits"),
+        ('"alpha_s": 0.001, "beta_s": -1' + "0" * 400, f"fit.beta_s: {IN_RANGE}an integer of 401 digits"),
+        # Shown as Python's Decimal('1E+400').
+        ('"alpha_s": 1e400, "beta_s": 0.001', f"fit.alpha_s: {IN_RANGE}1E+400"),
+        ('"alpha_s": 1e-400, "beta_s": 0.001', f"fit.alpha_s: {IN_RANGE}1E-400"),
+        # An OverflowError traceback, exit 1.
+        (
+            '"alpha_s": 0.001, "beta_s": 0.001, "r2": 1' + "0" * 400,
+            "fit.r2: expected a number a 64-bit float holds; got an integer of 401 digits",
+        ),
+    ],
+    ids=["alpha-integer", "beta-integer", "alpha-1e400", "alpha-1e-400", "r2-integer"],
+)
+def test_a_profiles_number_past_a_floats_range_is_refused_naming_the_field(fit, why, tmp_path, wok_cli):
+    path = tmp_path / "profile.json"
+    path.write_text('{"schema": "wok.profile/1", "fit": {' + fit + "}}")
+    status, _, err = wok_cli("plan", "--profile", str(path), "--batch-size", "16", "--peak-qps", "5000")
+    assert (status, err) == (2, f"wok plan: --profile {path}: {why}\n")
 
 
 @pytest.mark.parametrize(

@@ -1632,14 +1632,15 @@ def test_inputs_refused_past_the_smallest_table_name_the_input_and_what_to_give(
     """The smallest table's rows, the bound of an input with none of its own, fail a model that doubles its ids:
     the refusal said "and ids below 100 (the rows of the model's smallest embedding table; --int-high to change)",
     as if of every input ('other' has its own), naming none and not which way to change it (before that the
-    timing took the failed batches' reruns for their time, and the counting ended in a traceback)."""
+    timing took the failed batches' reruns for their time, and the counting ended in a traceback). Of dims fixed by
+    the model, the inputs were said made `with --sizes fixed:16` too, an option that shaped nothing there."""
     folder = _doubled_ids(tmp_path)
     err = _refused(folder, capsys)
     said = (
-        "the inputs made with --sizes fixed:16 and input 'ids' below 100 (it has no id bound of its own: the rows "
-        "of the model's smallest embedding table; where the model changes ids before a lookup, --int-high below "
-        "100 draws every integer input lower), input 'other' below 100: a batch of 1 failed: model 'doubled' "
-        "failed: RuntimeError: index out of range in self"
+        "the inputs made at the model's fixed dims and input 'ids' below 100 (it has no id bound of its own: the "
+        "rows of the model's smallest embedding table; where the model changes ids before a lookup, --int-high "
+        "below 100 draws every integer input lower), input 'other' below 100: a batch of 1 failed: model "
+        "'doubled' failed: RuntimeError: index out of range in self"
     )
     assert said in err and "Traceback" not in err, err
     # What it says to do does it: ids below 75, doubled, stay within b's 150 rows.
@@ -1832,10 +1833,10 @@ def test_a_batch_failed_for_its_size_is_refused_naming_the_size_not_the_inputs(t
     err = capsys.readouterr().err
     said = (
         "wok profile: a batch of 4 failed, though the model answered each of its requests rerun in smaller parts (as "
-        "the server reruns a failed batch): the batch's size failed it, not the inputs made with --sizes fixed:16; the "
-        "server reruns every such batch (a max_batch_size below 4 keeps it from forming them, --batch-sizes below 4 "
-        "profile the sizes that run): model 'roomy' failed: RuntimeError: The expanded size of the tensor (3) must "
-        "match the existing size (4)"
+        "the server reruns a failed batch): the batch's size failed it, not the inputs made at the model's fixed "
+        "dims; the server reruns every such batch (a max_batch_size below 4 keeps it from forming them, "
+        "--batch-sizes below 4 profile the sizes that run): model 'roomy' failed: RuntimeError: The expanded size of "
+        "the tensor (3) must match the existing size (4)"
     )
     assert said in err and "--int-high" not in err and "Traceback" not in err, err
     # The sizes that run are profiled.
@@ -1922,8 +1923,8 @@ def test_a_warm_up_batch_with_a_request_failing_alone_refuses_the_profile(tmp_pa
         assert code == 0, err
         return
     said = (
-        "wok profile: the inputs made with --sizes fixed:16: a warm-up batch of 2 failed (some of its requests alone "
-        "too): model 'cold' failed: RuntimeError: not set up yet\n"
+        "wok profile: the inputs made at the model's fixed dims: a warm-up batch of 2 failed (some of its requests "
+        "alone too): model 'cold' failed: RuntimeError: not set up yet\n"
     )
     assert code == 2 and err.endswith(said), err
 
@@ -1937,8 +1938,8 @@ def test_a_warm_up_batch_of_1_that_fails_refuses_the_profile(tmp_path):
     with pytest.raises(ValueError) as refused:
         profiler.profile(load_servable(_cold(tmp_path, 1, on_zeros=False)), cfg, lambda d: roofline_for(d, 1e12, 1e11))
     assert str(refused.value) == (
-        "the inputs made with --sizes fixed:4: a warm-up batch of 1 failed: model 'cold' failed: RuntimeError: not set "
-        "up yet"
+        "the inputs made at the model's fixed dims: a warm-up batch of 1 failed: model 'cold' failed: RuntimeError: "
+        "not set up yet"
     )
     cfg = ProfileConfig(batch_sizes=[2, 4], warmup=1, repeats=2, sizes="fixed:4")
     doc = profiler.profile(load_servable(tmp_path / "repo" / "cold"), cfg, lambda d: roofline_for(d, 1e12, 1e11))
@@ -2057,7 +2058,7 @@ def build(**parameters):
 @pytest.mark.parametrize(
     ("fails", "said"),
     [
-        ("True", "the inputs made with --sizes fixed:4: a batch of 1 failed: "),
+        ("True", "the inputs made at the model's fixed dims: a batch of 1 failed: "),
         ("x.shape[0] >= 2", "a batch of 2 failed, though the model answered each of its requests rerun in smaller"),
         # Under the counting's no_grad, not the executor's inference_mode: the timing passes, the counting fails.
         ("not torch.is_inference_mode_enabled()", "counting the FLOPs and bytes of a batch of 1 failed, a batch the "),

@@ -19,6 +19,7 @@ import torch
 from wok.config import model_config_from_dict
 from wok.servable import Servable
 
+from ..conftest import write_python_model
 from .test_soak_checks import WOK_WITH_PROGRESS_FLOOR
 
 pytestmark = pytest.mark.timeout(120)
@@ -117,7 +118,8 @@ def test_wok_profile_off_a_terminal_says_its_progress_in_plain_lines(force_color
     assert out.startswith("wok profile mlp on cpu\n"), repr(out[:300])
     assert BAR not in err and "\x1b" not in err, repr(err[-3000:])
     # A phase's line where no batch is counted (since 2026-12-06, said on time by a thread of its own), else the count.
-    phase = r"profiling mlp: (start-up warm-up|drawing requests|measuring the roofline|counting FLOPs and bytes), \d+ s"
+    phases = "loading model 'mlp'|start-up warm-up|drawing requests|measuring the roofline|counting FLOPs and bytes"
+    phase = rf"profiling mlp: ({phases}), \d+ s"
     count = rf"profiling mlp: (\d+)/{batches} batches \((\d+)%\), (\d+) s"
     lines = [re.fullmatch(count, line) for line in err.splitlines() if not re.fullmatch(phase, line)]
     assert lines and all(lines), err[-3000:]
@@ -319,3 +321,40 @@ def test_wok_profile_says_its_progress_while_the_model_runs_a_batch(monkeypatch,
         profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11), progress=progress)
     lines = (model.during or "").splitlines()
     assert lines and all(re.fullmatch(said, line) for line in lines), (model.during, stderr.getvalue()[-3000:])
+
+
+# A python model whose load (its build) waits up to 10 s for a line on stderr (a tests' _Watched), keeping what was
+# said meanwhile: a load that takes as long as the profile's first lines.
+SLOW_LOAD_MODEL = """
+import sys
+
+from torch import nn
+
+
+def build():
+    stderr = sys.stderr
+    mark = len(stderr.getvalue())
+    stderr.wrote.clear()
+    stderr.wrote.wait(10)
+    stderr.during_load = stderr.getvalue()[mark:]
+    return nn.Identity()
+"""
+
+
+def test_wok_profile_says_it_loads_the_model(tmp_path, monkeypatch):
+    """The model was loaded before the progress began: a load of seconds (a large TorchScript file) said nothing, and
+    the profile looked hung. Now a phase of the progress, said as the others (here with the period's floor at
+    0.05 s, not 10): the repository's, as every model of it is loaded."""
+    from wok.__main__ import main
+    from wok.bench import runner
+
+    repo = tmp_path / "repo"
+    write_python_model(repo / "slow", SLOW_LOAD_MODEL, 4)
+    monkeypatch.setattr(runner, "PLAIN_PROGRESS_MIN_S", 0.05)
+    stderr = _Watched()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    argv = ["profile", "slow", "--model-repository", str(repo), "--batch-sizes", "1,2", "--warmup", "0"]
+    assert main([*argv, "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]) == 0, stderr.getvalue()
+    lines = stderr.during_load.splitlines()
+    said = rf"profiling slow: loading model repository {re.escape(str(repo))}, \d+ s"
+    assert lines and all(re.fullmatch(said, line) for line in lines), stderr.getvalue()[-3000:]

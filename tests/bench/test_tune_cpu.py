@@ -113,7 +113,7 @@ def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
     ("field", "value", "why"),
     [
         # Read as 0: unbounded cores, and the search ran (exit 0) on a stage the file did not describe.
-        ("cores", None, "cores: missing; expected a finite number of cores ≥ 0"),
+        ("cores", None, "cores: expected a finite number of cores ≥ 0; got none"),
         ("cpu_out_s", "null", "cpu_out_s: expected a finite number of seconds ≥ 0; got null"),
         # Refused by the simulator without the file: "the CPU stage's times and cores must be finite and ≥ 0".
         ("cpu_in_s", float("nan"), "cpu_in_s: expected a finite number of seconds ≥ 0; got NaN"),  # it said nan

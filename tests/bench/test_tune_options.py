@@ -330,7 +330,7 @@ def test_an_overhead_file_without_samples_says_which_field_and_what_it_got(text,
             [{"offered_qps": 1000.0}],
             "outside_by_rate[0].outside_histogram: expected a latency histogram of at least one request; got none",
         ),
-        ([{"outside_histogram": {}}], "outside_by_rate[0].offered_qps: missing; expected a finite rate ≥ 0"),
+        ([{"outside_histogram": {}}], "outside_by_rate[0].offered_qps: expected a finite rate ≥ 0; got none"),
         (
             [{"offered_qps": 1000.0, "outside_histogram": {"unit": "ns"}}],
             "outside_by_rate[0].outside_histogram: expected a latency histogram; no sub_bucket_bits",
