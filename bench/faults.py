@@ -371,10 +371,19 @@ class Replica:
             self.proc.wait()
 
     def stop(self, timeout: float = 30.0) -> None:
+        self.terminate()
+        self.wait_stopped(timeout)
+
+    def terminate(self) -> None:
+        """Its drain begun: SIGTERM, once. A second, while it drains, is `wok serve`'s "exit without draining"."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGCONT)  # a paused one could not drain
+            self.proc.terminate()
+
+    def wait_stopped(self, timeout: float = 30.0) -> None:
+        """Its end, after `terminate`, waited for `timeout` s; killed if still running then."""
         if not self.alive:
             return
-        self.proc.send_signal(signal.SIGCONT)  # a paused one could not drain
-        self.proc.terminate()
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -429,12 +438,10 @@ class ReplicaSet:
         return [{"replica": r.index, "target": r.target, "admin_url": r.admin_url, "pids": r.pids} for r in self]
 
     def close(self) -> None:
+        for r in self.replicas:  # all draining at once
+            r.terminate()
         for r in self.replicas:
-            if r.alive:
-                r.proc.send_signal(signal.SIGCONT)
-                r.proc.terminate()
-        for r in self.replicas:
-            r.stop()
+            r.wait_stopped()
         self.forker.close()
 
 

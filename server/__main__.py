@@ -28,6 +28,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 # gRPC's environment (GRPC_VERBOSITY, GRPC_ENABLE_FORK_SUPPORT) is the command's to set, in wok.entry before
 # grpc loads, not this module's import: importing it as a library would keep them for the whole process.
@@ -506,12 +507,16 @@ class _StopSignal:
     Only the second SIGTERM or SIGINT forces the exit: a drain begun by SIGHUP goes on through
     the first of them, which a process manager sends as its own stop, often together with
     the hangup, and which the kernel may hand over second, SIGHUP's number being lower.
+
+    Once the stop has run (`stopped`), a signal has nothing left to cut short but the exit, which Python's joins
+    hold as long as a thread left running (a model's own helper thread) lasts: it leaves at once with the stop's
+    status, as wok.entry's `_ExitSignals` makes it once `main` has returned.
     """
 
     def __init__(self) -> None:
         self.received: int | None = None  # the first signal's number
         self.event: asyncio.Event | None = None
-        self.drained = False  # set once the stop has run: a later signal has nothing to cut short
+        self.status: int | None = None  # the exit status, once the stop has run: see `stopped`
         self._forcing = False  # a SIGTERM or SIGINT has come: the next one exits at once
         self._before: dict[int, object] = {}
 
@@ -530,8 +535,8 @@ class _StopSignal:
             signal.raise_signal(self.received)
 
     def _on_signal(self, signum: int, frame=None) -> None:
-        if self.drained:  # the process is already on its way out, with the drain's status
-            return
+        if self.status is not None:  # the process is on its way out, its status decided
+            self._leave()
         if self.received is not None:
             if signum == signal.SIGHUP:  # a hangup again, not an operator: see the class
                 return
@@ -560,13 +565,29 @@ class _StopSignal:
             loop.add_signal_handler(sig, self._on_signal, sig)
         return self.event
 
-    def after_loop(self) -> None:
-        """The stop has run and the loop has closed: a signal while the interpreter and torch tear
-        down is ignored. Ignored, not handled: the interpreter's finalization puts a Python
-        handler back to the default action (death by the signal, with no word) but keeps SIG_IGN."""
-        self.drained = True
+    def stopped(self, status: int) -> None:
+        """The stop has run (or a failed start's) and the process exits with `status`: a signal from here on leaves
+        at once with it. Until 2026-12-07 one was ignored (51965ea: a second SIGTERM as the interpreter tore down
+        killed the process by the signal, or said "exiting without draining"), and a model's thread that never
+        ended held the stopped server for good, but for SIGKILL."""
+        self.status = status
+
+    def after_loop(self, status: int) -> None:
+        """The loop has closed, the process to exit with `status`: its handlers, which the loop took over, are
+        plain ones again, until wok.entry's `_ExitSignals` takes them as `main` returns (its teardown ignores them
+        from the last exit function on, through the interpreter's finalization: a second signal there neither
+        kills the process by the signal nor prints a traceback)."""
+        self.stopped(status)
         for sig in self._before:
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, self._on_signal)
+
+    def _leave(self) -> NoReturn:
+        for stream in (sys.stdout, sys.stderr):  # block-buffered into a pipe: written before the exit
+            try:
+                stream.flush()
+            except (OSError, ValueError, RuntimeError):  # closed, or a write the signal interrupted
+                pass
+        os._exit(self.status)
 
 
 # The option each server setting comes from, for the settings' refusals: "--port: ..." rather than
@@ -801,7 +822,9 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         # the traceback again and skipped the exits below, and a model thread still running then held the exit.
         _say(f"wok: the stop failed: {one_line(error_line(exc))}")
         status = 1
-    stop_signal.drained = True
+    # A signal now leaves at once with the status, asyncio's own end (tasks cancelled, its executor's threads joined)
+    # and Python's exit cut short.
+    stop_signal.stopped(status)
     if not serving:
         _say("wok: stopped by a signal before serving")
     _exit_if_held(server, stop_signal, 1)
@@ -826,7 +849,7 @@ def _exit_if_held(server, stop_signal: _StopSignal, status: int, line: str | Non
     lost = server.device_lost if lost is None else lost
     if not server.abandoned_work and lost is None:
         return
-    stop_signal.drained = True  # a signal now has nothing to cut short
+    stop_signal.stopped(status)  # a signal now has nothing to cut short
     if line is not None:
         _say(line)  # a failed start's, which `main` would say after the loop
     if server.abandoned_work:
@@ -944,14 +967,15 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
+    status, line = 1, None  # 1: an error of wok's own escapes, Python's status after its traceback
     try:
-        try:
-            return asyncio.run(_serve(args, stop_signal))
-        finally:
-            # A failed start tears down as long as a stopped server does (torch): the same holds.
-            stop_signal.after_loop()
+        status = asyncio.run(_serve(args, stop_signal))
     except (ConfigError, WarmupError, StartError) as exc:
         # A warm-up on a lost device, or a model thread left running, has left through os._exit already (_serve).
         line, status = _start_failure(exc)
+    finally:
+        # A failed start tears down as long as a stopped server does (torch): the same holds.
+        stop_signal.after_loop(status)
+    if line is not None:
         print(line, file=sys.stderr)
-        return status
+    return status

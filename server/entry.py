@@ -61,13 +61,13 @@ class _ExitSignals:
     """Ctrl-C, SIGTERM and SIGHUP once the command has returned its status, its output written.
 
     Until the exit functions have run, Python joins what is left running: a thread not a daemon (a python model's
-    own helper thread, in `wok profile`), multiprocessing's children. One that never ends held the exit for good;
-    a signal there leaves at once, with the command's status, its output flushed first. Ignored from the last exit
-    function on, while the interpreter and torch tear down (about 0.3 s after a bench run), which joins nothing of
-    Python's: ignored, not handled, as the interpreter's finalization puts a Python handler back to the default
-    action, and a Ctrl-C there ended the process by the signal (status -2 to its parent, no word), its status
-    lost; SIG_IGN it keeps. (Ignored from the return on, until 2026-12-07, a hang in those joins could not be
-    ended but by SIGKILL.) A signal ignored already (nohup; `wok serve`, `_StopSignal.after_loop`) stays so.
+    own helper thread, in `wok profile` or `wok serve`), multiprocessing's children. One that never ends held the
+    exit for good; a signal there leaves at once, with the command's status, its output flushed first. Ignored from
+    the last exit function on, while the interpreter and torch tear down (about 0.3 s after a bench run), which joins
+    nothing of Python's: ignored, not handled, as the interpreter's finalization puts a Python handler back to the
+    default action, and a Ctrl-C there ended the process by the signal (status -2 to its parent, no word), its
+    status lost; SIG_IGN it keeps. (Ignored from the return on, in `wok serve` from its loop's end, until 2026-12-07,
+    a hang in those joins could not be ended but by SIGKILL.) A signal ignored already (nohup) stays so.
 
     Left by a thread of its own, woken through the signals' wakeup fd: a Python handler runs on the main thread
     alone, and the kernel may hand the signal to another one, which leaves the main thread's join asleep (a

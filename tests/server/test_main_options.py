@@ -27,8 +27,8 @@ def serve(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr(wok_main, "_serve", fake_serve)
     monkeypatch.setattr(wok_main, "_pick_loop", lambda: None)  # no process-wide loop policy
-    # The real one leaves SIGINT, SIGTERM and SIGHUP ignored for the rest of the process.
-    monkeypatch.setattr(wok_main._StopSignal, "after_loop", wok_main._StopSignal.uninstall)
+    # The real one leaves SIGINT, SIGTERM and SIGHUP ending the process at once for the rest of it.
+    monkeypatch.setattr(wok_main._StopSignal, "after_loop", lambda self, status: self.uninstall())
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     (tmp_path / "models").mkdir()
