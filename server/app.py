@@ -434,7 +434,7 @@ class WokServer:
                     wanted = False
                     taken = built[:]
                 if taken:
-                    taken[0].shutdown()  # never given a batch: no thread to wait for
+                    taken[0].shutdown()  # never given a batch: its threads are idle and end at once
                 elif not building.done():
                     # The thread shuts down what it builds later, needing nothing of the loop.
                     log.error("model '%s' is still loading as the start ended", name)

@@ -359,11 +359,17 @@ class Instance:
         # start (a KeyboardInterrupt, where the bench tools submit from the main thread) left the thread running the
         # batch unknown to the pool, whose shutdown waited for nothing, and Python's exit joined it: a stuck model's
         # for good (`wok profile`'s Ctrl-C in its warm-up, about 1 run in 3 under load). No submit starts a thread.
+        # CUDA's waiter alike: a launched batch is handed to it by a done callback, run on the submitting thread where
+        # the launch has ended already.
         try:
             self._worker.submit(_nothing)
+            if self._waiter is not None:
+                self._waiter.submit(_nothing)
         except BaseException:
-            # The thread, if started, takes the shutdown's end marker after the no-op and ends: nothing to wait for.
+            # A thread, if started, takes the shutdown's end marker after the no-op and ends: nothing to wait for.
             self._worker.shutdown(wait=False, cancel_futures=True)
+            if self._waiter is not None:
+                self._waiter.shutdown(wait=False, cancel_futures=True)
             raise
 
     def submit(
@@ -444,7 +450,8 @@ class Instance:
 
     def _start_worker(self, name: str) -> None:
         name_os_thread(name)
-        # A thread's own setting starts from the process-wide one (the last torch.set_num_threads).
+        # A thread's own setting starts from the process-wide one (the last torch.set_num_threads), read as the
+        # instance is built (its thread starts then, not at its first batch): every caller sets it before building.
         self.max_threads = self.threads = torch.get_num_threads()
 
     def threads_for(self, samples: int) -> int:

@@ -12,6 +12,8 @@ import gc
 import os
 import sys
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -320,6 +322,65 @@ def test_an_instances_worker_thread_runs_from_its_construction_so_no_submit_star
     assert [t.name for t in built if t.name.startswith("wok-eager-")] == ["wok-eager-0-run_0"]
     ex.instances[0].submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30)
     assert set(threading.enumerate()) - built == set()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_a_cuda_instances_worker_and_waiter_threads_run_from_its_construction():
+    """A CUDA batch's launch hands it to the waiter in a done callback, which runs on the submitting thread where the
+    launch has ended already: the waiter's pool started its thread there, where a Ctrl-C could land in the start."""
+    import threading
+
+    ex = Executor(build_demo("mlp"), InstanceConfig(count=1, devices=("cuda:0",), pipeline_depth=1))
+    try:
+        built = set(threading.enumerate())
+        names = sorted(t.name for t in built if t.name.startswith("wok-mlp-"))
+        assert names == ["wok-mlp-0-run_0", "wok-mlp-0-wait_0"]
+        run(ex, mlp_requests(2, rows=1))
+        assert set(threading.enumerate()) - built == set()
+    finally:
+        ex.shutdown()
+
+
+@contextmanager
+def interrupted_as_a_thread_starts(prefix: str) -> Iterator[list]:
+    """A KeyboardInterrupt raised on this thread as `Thread.start` returns for the first thread named `prefix…`: its
+    thread runs, and the code that started it has not recorded it. A Ctrl-C lands there when the signal comes while
+    the new thread runs and the starting one waits in the start, often on a loaded host. Yields the started threads."""
+    import threading
+
+    started: list = []
+    start = threading.Thread.start.__code__
+
+    def at_return(frame, event, arg):
+        if event == "return" and not started:
+            started.append(frame.f_locals["self"])
+            raise KeyboardInterrupt  # raised into the traced frame, as a signal handler's is
+        return at_return
+
+    def calls(frame, event, arg):
+        return at_return if frame.f_code is start and frame.f_locals["self"].name.startswith(prefix) else None
+
+    sys.settrace(calls)
+    try:
+        yield started
+    finally:
+        sys.settrace(None)
+
+
+def test_a_ctrl_c_as_an_instances_worker_thread_starts_leaves_no_thread_running():
+    """The start is interrupted with the thread running and its pool not knowing of it: the pool's shutdown, and
+    Python's exit, did not tell it to end, and the thread (holding the instance through the pool's initializer) waited
+    for a batch for good, the process's exit joining it. The instance's construction shuts its pool down first."""
+    with interrupted_as_a_thread_starts("wok-cut-0-run") as started:
+        with pytest.raises(KeyboardInterrupt):
+            Executor(_servable(torch.nn.Linear(2, 2), "cut"), InstanceConfig(count=1, devices=("cpu",)))
+    assert [t.name for t in started] == ["wok-cut-0-run_0"]
+    started[0].join(10)
+    try:
+        assert not started[0].is_alive(), "the worker thread whose start was interrupted is still running"
+    finally:
+        if started[0].is_alive():  # ended here, else this process's exit waits for it for good
+            started[0]._args[2].__self__.shutdown()
 
 
 def test_the_worker_leaves_out_requests_whose_deadline_passed():
