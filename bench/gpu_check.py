@@ -14,7 +14,8 @@ What it checks, on --device (default cuda:0; `auto` as the server reads it, refu
 Exits 1 when a check fails; when the server's stop gives up on a model thread still running a batch (or a
 start cancelled, a Ctrl-C, leaves one loading or warming up, or a stop cancelled leaves one in a batch), at once,
 its figures unreported, as `wok serve` exits then (Python's exit would wait for that thread), the error that ended
-the check, if one did, printed first;
+the check, if one did, printed first; as well when the server lost its device to a device-side error (as `wok
+serve`, without the frees at exit that would abort the process);
 on a second Ctrl-C in the server check, at once, as `wok serve` does on a second signal; and when --json cannot be
 written at the end (the figures are then kept in a temporary wok-bench-*.json, named on stderr). `--device cpu`
 runs the same steps without a GPU, as a dry run of the script itself (no overlap or pinning is expected there);
@@ -114,15 +115,22 @@ def stage_medians(results) -> dict[str, float]:
 
 
 class LeftRunning(RuntimeError):
-    """The server's stop gave up on a model thread still running (its `abandoned_work`): the process must leave
-    through os._exit, as `wok serve` does, and its figures are of a server that did not stop."""
+    """The server's stop gave up on a model thread still running, or was cancelled with one still in a batch (its
+    `abandoned_work`): the process must leave through os._exit, as `wok serve` does, and its figures are of a server
+    that did not stop."""
+
+
+class LostDevice(RuntimeError):
+    """A device the server's model ran on was lost to a device-side error (its `device_lost`): torch frees its memory
+    at exit through calls that now fail, and a failure in a destructor aborts the process (SIGABRT, seen on an H200);
+    the process leaves through os._exit, without those frees, as `wok serve` does."""
 
 
 @contextlib.asynccontextmanager
 async def serving(servable, grace: float = 10.0):
     """A real server on loopback serving `servable`, stopped with `grace` however the block ends, a failed or
     cancelled start included; LeftRunning when that stop (or the start's own clean-up) gave up on a model thread
-    still running, raised in place of the block's end."""
+    still running, else LostDevice when the server lost its device, raised in place of the block's end."""
     from wok.app import WokServer
     from wok.config import server_settings
     from wok.repository import ModelRepository
@@ -132,33 +140,45 @@ async def serving(servable, grace: float = 10.0):
         await server.start()
         yield server
     finally:
+        stop_cancelled = False
         try:
             await server.stop(grace=grace)
+        except asyncio.CancelledError:
+            stop_cancelled = True
+            raise
         finally:
             # Read as `wok serve` reads it (its _exit_if_held): unread, the script reported on a server whose model
             # still ran, and Python's exit then waited for that thread. Read when the stop raised too: it gives a
             # model up before it raises a failure of its other steps. Raised over the block's error or the stop's,
             # its __context__ (which _exit_if_left_running says).
             if server.abandoned_work:
+                # A cancelled stop gave nothing up: it ended before the executors' shutdown, the batch running on.
                 raise LeftRunning(
-                    f"the server gave model '{servable.name}' up, still running on its thread, as it stopped"
+                    f"the server's stop was cancelled with model '{servable.name}' still running on its thread"
+                    if stop_cancelled
+                    else f"the server gave model '{servable.name}' up, still running on its thread, as it stopped"
                 )
+            # Read as `wok serve` reads it too: unread, the check failed on the model's refusals (UNAVAILABLE) and
+            # the process went on to Python's exit and torch's frees on the lost device.
+            if server.device_lost is not None:
+                raise LostDevice(str(server.device_lost))
 
 
 async def _exit_if_left_running(check):
-    """`check`'s result; on LeftRunning, said, and the process left through os._exit(1) at once, from inside the
-    loop: asyncio.run's end waits for the loop's pool threads, which a load or a warm-up given up on still holds
-    (a Ctrl-C's: the script left only when the model's step ended). The error it was raised over (the check's own,
-    its server's stop's) is printed first: only the LeftRunning line was, and the failure that ended the check went
-    unsaid. A second Ctrl-C leaves at once too (_second_ctrl_c_exits)."""
+    """`check`'s result; on LeftRunning (or LostDevice), said, and the process left through os._exit(1) at once,
+    from inside the loop: asyncio.run's end waits for the loop's pool threads, which a load or a warm-up given up on
+    still holds (a Ctrl-C's: the script left only when the model's step ended). The error it was raised over (the
+    check's own, its server's stop's) is printed first: only the LeftRunning line was, and the failure that ended the
+    check went unsaid. A second Ctrl-C leaves at once too (_second_ctrl_c_exits)."""
     with _second_ctrl_c_exits():
         try:
             return await check
-        except LeftRunning as exc:
+        except (LeftRunning, LostDevice) as exc:
             before = exc.__context__
             if before is not None and not isinstance(before, asyncio.CancelledError):  # not a Ctrl-C's cancellation
                 traceback.print_exception(before, file=sys.stderr)
-            print(f"gpu_check: {exc}; exiting without a report", file=sys.stderr, flush=True)
+            unfreed = ", without freeing the lost device's memory" if isinstance(exc, LostDevice) else ""
+            print(f"gpu_check: {exc}; exiting without a report{unfreed}", file=sys.stderr, flush=True)
             os._exit(1)
 
 

@@ -195,11 +195,12 @@ class WokServer:
     def abandoned_work(self) -> bool:
         """A model thread is left in a batch that nothing will end: the process must then exit hard (os._exit), as
         Python's exit would wait for that thread. One a stop past its grace period, or a cancelled start, gave up
-        on; or, once a stop was cancelled before the executors' shutdown (left to a next stop() that no call has
-        made yet), a batch still in a model's executor. A caller that never stopped again read False there, with
-        the model's thread in its batch (a stuck one's for good). A batch whose thread has returned is none
-        (Batcher.running): counted until its completion ran on the loop (Batcher.inflight), it said True between
-        the two, and the caller exited hard saying the model was given up on. Read on the loop."""
+        on; or, once a stop was cancelled (or interrupted: a KeyboardInterrupt or SystemExit in a step) before the
+        executors' shutdown (left to a next stop() that no call has made yet), a batch still in a model's executor.
+        A caller that never stopped again read False there, with the model's thread in its batch (a stuck one's for
+        good). A batch whose thread has returned is none (Batcher.running): counted until its completion ran on the
+        loop (Batcher.inflight), it said True between the two, and the caller exited hard saying the model was given
+        up on. Read on the loop."""
         if self._gave_up:
             return True
         if not self.draining or self._stop_calls or self._stopped.is_set() or _EXECUTORS_STEP in self._stop_done:
@@ -512,8 +513,9 @@ class WokServer:
 
         A stop cancelled partway (its drain then fails what is left, as past the grace period) leaves the steps it
         did not finish to the next stop(), which runs them within its own grace; one called meanwhile waits for it,
-        and takes over if it is cancelled. Until a next one is called, `abandoned_work` tells of a batch still in a
-        model. Once a stop has returned or raised, a later one returns at once."""
+        and takes over if it is cancelled. So does one left by a KeyboardInterrupt or SystemExit raised in a step.
+        Until a next one is called, `abandoned_work` tells of a batch still in a model. Once a stop has returned or
+        raised an Exception (its steps' first failure), a later one returns at once."""
         if self._stopped is None:
             self._stopped = asyncio.Event()
         self._stop_calls += 1
@@ -539,19 +541,24 @@ class WokServer:
             # and its error is the line to read.
             told = self._started or bool(self.runtimes)
             if told and resumed:
-                log.info("stopping: finishing a stop that was cancelled, within %.1f s", grace)
+                log.info("stopping: finishing a stop left partway (cancelled or interrupted), within %.1f s", grace)
             elif told:
                 log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
-            cancelled = False
+            left_partway = False
             try:
                 await self._stop_stages(left)
-            except asyncio.CancelledError:
-                cancelled = True
+            except BaseException as exc:
+                # A cancellation, or a KeyboardInterrupt/SystemExit raised in a step (a Ctrl-C under a plain
+                # run_until_complete, as bench tools and tests run the stop): the steps not done are the next stop's.
+                # Taken for a finished stop, the next returned at once with the executors open, and
+                # `abandoned_work` read False with a model's thread still in its batch. An Exception is the steps'
+                # first failure, raised once all of them ran.
+                left_partway = not isinstance(exc, Exception)
                 raise
             finally:
                 # Even when a step raised: the bound must not outlive the server, and a later stop() returns at once.
-                # Not when cancelled: the next stop() finishes the steps left, the drain's answers among them.
-                if not cancelled:
+                # Not when left partway: the next stop() finishes the steps left, the drain's answers among them.
+                if not left_partway:
                     if self.cpu_latency is not None:
                         # Last: the drain's answers are latency-sensitive too.
                         self.cpu_latency.release()
@@ -799,6 +806,9 @@ def _shutdown_on_own_thread(
     waiting on a stuck batch must not hold the interpreter's exit.
     """
     end = loop.create_future()
+    # Read whoever gets it: a stop cancelled in its wait for `end` leaves it to no one (the next stop waits on ends
+    # of its own), and a shutdown failing after was logged as "Future exception was never retrieved".
+    end.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def settle(exc: BaseException | None) -> None:
         if end.done():  # the stop gave up on it

@@ -1235,7 +1235,7 @@ class Executor:
                 # 5,000 dims made a line that left the config's path 256 characters, and that each command cut again.
                 raise WarmupError(
                     _with_config(
-                        f"model '{s.name}': its start-up warm-up cannot make a sample of zeros for input "
+                        f"model {quoted_name(s.name)}: its start-up warm-up cannot make a sample of zeros for input "
                         f"{quoted_name(t.name)}, shape {cut_message(str(list(shape)), WARMUP_SHAPES_BYTES)} "
                         f"({t.datatype}): {str(exc).rstrip('.')}; check that input's dims (and warmup_dims) in its "
                         "config (",
@@ -1277,7 +1277,8 @@ class Executor:
             if isinstance(exc, ModelExecutionError) and not own_check:
                 exc = exc.__cause__
             shapes = cut_message(
-                ", ".join(f"{name} {[rows, *a.shape[1:]]}" for name, a in sample.items()), WARMUP_SHAPES_BYTES
+                ", ".join(f"{quoted_name(name)} {[rows, *a.shape[1:]]}" for name, a in sample.items()),
+                WARMUP_SHAPES_BYTES,
             )
             log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=exc)
             hint = ""

@@ -107,6 +107,9 @@ async def _cancel_a_stop_draining_a_stuck_batch(gpu_check) -> None:
         # Not the cancellation (Ctrl-C's KeyboardInterrupt out of asyncio.run, then an exit that waits for the
         # model's thread, which the cancelled stop never shut down): what main leaves on through os._exit.
         assert isinstance(serving.exception(), gpu_check.LeftRunning), serving
+        # Said as what happened: it said the server gave the model up "as it stopped", of a stop that was cancelled.
+        said = "the server's stop was cancelled with model 'stuck' still running on its thread"
+        assert str(serving.exception()) == said
         held["pending"].future.exception()  # read: answered UNAVAILABLE by the cancelled drain
     finally:
         module.gate.set()

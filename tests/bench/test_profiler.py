@@ -1971,7 +1971,7 @@ def test_a_model_wok_serve_refuses_at_its_start_is_refused_in_the_servers_words(
     served = _warm_up_refusal(folder)
     assert served == (
         "model 'cold' failed: RuntimeError: not set up yet; in the start-up warm-up, on a batch of zeros with input "
-        f"shapes INPUT0 [1, 4] on cpu (config: {folder / 'config.toml'})"
+        f"shapes 'INPUT0' [1, 4] on cpu (config: {folder / 'config.toml'})"
     )
     fast = ["--batch-sizes", sizes, "--warmup", "1", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
     assert main(["profile", "cold", "--model-repository", str(folder.parent), *fast]) == 2

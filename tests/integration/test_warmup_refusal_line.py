@@ -50,7 +50,7 @@ def test_a_warm_up_failure_is_one_bounded_line_that_wok_profile_says_alike(tmp_p
     config = folder / "config.toml"
     done, line = _serve_refusal(folder)
     assert line.endswith(
-        f"; in the start-up warm-up, on a batch of zeros with input shapes INPUT0 [1, 4] on cpu (config: {config})"
+        f"; in the start-up warm-up, on a batch of zeros with input shapes 'INPUT0' [1, 4] on cpu (config: {config})"
     ), line[-2000:]
     assert len(line) <= MESSAGE_CHARS, f"{len(line):,} characters"
     assert "\x1b" not in done.stderr, line[:2000]

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -427,7 +428,7 @@ def test_a_warm_up_failed_on_a_lost_device_exits_2_without_the_frees_at_exit(tmp
     lost = lost_message("m", "cpu")
     assert proc.stderr.splitlines()[-2:] == [
         "wok: model 'm' failed: ValueError: all zeros; in the start-up warm-up, on a batch of zeros with input "
-        f"shapes INPUT0 [1, 4] on cpu (config: {d / 'config.toml'})",
+        f"shapes 'INPUT0' [1, 4] on cpu (config: {d / 'config.toml'})",
         f"wok: exiting without freeing the lost device's memory ({lost})",
     ]
 
@@ -440,10 +441,65 @@ def test_cuda_a_device_side_error_in_the_warm_up_exits_2_naming_the_model_and_do
     lines = proc.stderr.splitlines()
     assert lines[-2].startswith(f"wok: model 'lookup' failed on the device: {ASSERT}"), proc.stderr[-3000:]
     assert lines[-2].endswith(
-        f"in the start-up warm-up, on a batch of zeros with input shapes INPUT0 [1, 4] on "
+        f"in the start-up warm-up, on a batch of zeros with input shapes 'INPUT0' [1, 4] on "
         f"cuda:0 (config: {d / 'config.toml'})"
     ), lines[-2]
     assert lines[-1] == f"wok: exiting without freeing the lost device's memory ({lost_message('lookup', 'cuda:0')})"
+    assert "terminate called" not in proc.stderr
+
+
+# bench/gpu_check.py's server check (`serving`, `_exit_if_left_running`, as its main runs them) on argv[2]'s one model,
+# on device argv[3], sent a request for a row past its table: on CUDA a device-side assert, on the CPU an IndexError,
+# with the mark the CUDA path then sets (argv[4] its cause) planted.
+GPU_CHECK_LOST = """
+import asyncio, importlib.util, sys
+import numpy as np
+from wok.repository import ModelRepository
+
+spec = importlib.util.spec_from_file_location("gpu_check", sys.argv[1])
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+(servable,) = ModelRepository.from_directory(sys.argv[2]).models.values()
+
+
+async def check():
+    async with gpu_check.serving(servable, grace=5.0) as server:
+        if sys.argv[3] == "cpu":
+            server.runtime("lookup").executor._lost["cpu"] = sys.argv[4]
+        request = server.runtime("lookup").batcher.submit({"INPUT0": np.full((1, 4), 50, np.float32)}, 1, None, None)
+        await request.future
+
+
+asyncio.run(gpu_check._exit_if_left_running(check()))
+print("gpu_check: reported", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))]
+)
+def test_gpu_check_whose_server_lost_its_device_says_so_and_exits_1_without_the_frees_at_exit(tmp_path, device):
+    """bench/gpu_check.py's server check never read the server's `device_lost` (`wok serve` does): the check failed
+    on the model's error and the process went on to Python's exit, whose frees on a lost device abort it. Now said,
+    after the check's own error, and left through os._exit(1)."""
+    write_python_model(tmp_path / "lookup", LOOKUP_MODEL, devices=(device,))
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    proc = subprocess.run(
+        [sys.executable, "-c", GPU_CHECK_LOST, str(script), str(tmp_path), device, ASSERT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert lines[-1] == (
+        f"gpu_check: {lost_message('lookup', device)}; exiting without a report, without freeing the lost device's "
+        "memory"
+    ), proc.stderr[-3000:]
+    failed = "ModelExecutionError: model 'lookup' failed: IndexError: index out of range in self"
+    if device != "cpu":
+        failed = f"ModelExecutionError: model 'lookup' failed on the device: {ASSERT}"
+    assert any(line.endswith(failed) for line in lines[:-1]), proc.stderr[-3000:]  # the check's own, said first
     assert "terminate called" not in proc.stderr
 
 

@@ -492,7 +492,7 @@ def test_a_failed_warm_up_is_one_line_naming_the_model_its_config_the_shapes_and
     assert "\n" not in msg  # not TorchScript's traceback
     assert msg.startswith("model 'conv' failed: RuntimeError: ")
     assert "Kernel size can't be greater than actual input size; in the start-up warm-up" in msg
-    assert f"input shapes x [1, 2, 1] on cpu (config: {tmp_path / 'conv' / 'config.toml'})" in msg
+    assert f"input shapes 'x' [1, 2, 1] on cpu (config: {tmp_path / 'conv' / 'config.toml'})" in msg
     assert "set them with warmup_dims on each [[inputs]]" in msg
 
 
@@ -533,7 +533,7 @@ def test_a_0_d_output_is_not_one_row_per_sample_and_fails_the_warm_up_as_on_cuda
     assert str(info.value) == (
         # As a batch's callers are told it: it read "model 'sq' failed: ModelExecutionError: model 'sq' output ...".
         "model 'sq' output 'Y': expected 1 row, one per sample; got shape []; in the "
-        f"start-up warm-up, on a batch of zeros with input shapes X [1] on cpu (config: "
+        f"start-up warm-up, on a batch of zeros with input shapes 'X' [1] on cpu (config: "
         f"{tmp_path / 'sq' / 'config.toml'})"  # wok's own check failed: no warmup_dims hint
     )
 
@@ -549,31 +549,42 @@ def test_warmup_dims_set_the_sizes_the_warm_up_runs_the_model_on(tmp_path):
         ex.shutdown()
 
 
-# (input name, dims, the refusal's words of them: its start, its end): a 5,000-character name, and 5,000 dims.
+# (model name, input name, dims, the refusal's words of them: its start, its end): a 5,000-character input name, 5,000
+# dims, and a 5,000-character model name.
 HUGE_INPUTS = {
     "long name": (
+        "m",
         "x" * 5000,
         [10**12, 10**12],
         f"input '{'x' * 200}'… (5,000 characters in all), shape [1, 1000000000000, 1000000000000] (FP32): ",
         "array is too big; `arr.size * arr.dtype.itemsize` is larger than the maximum possible size",
     ),
     "many dims": (
+        "m",
         "INPUT0",
         [1] * 5000,
         "input 'INPUT0', shape [1, 1, 1, ",
         "… (15,003 characters in all) (FP32): maximum supported dimension for an ndarray is currently 64, found 5001",
     ),
+    "long model name": (
+        "m" * 5000,
+        "INPUT0",
+        [10**12, 10**12],
+        "input 'INPUT0', shape [1, 1000000000000, 1000000000000] (FP32): ",
+        "array is too big; `arr.size * arr.dtype.itemsize` is larger than the maximum possible size",
+    ),
 }
 
 
-@pytest.mark.parametrize("name, dims, start, end", HUGE_INPUTS.values(), ids=HUGE_INPUTS.keys())
+@pytest.mark.parametrize("model, name, dims, start, end", HUGE_INPUTS.values(), ids=HUGE_INPUTS.keys())
 def test_a_warm_up_that_cannot_make_its_zeros_names_a_huge_input_cut_and_its_config_path_whole(
-    tmp_path, name, dims, start, end
+    tmp_path, model, name, dims, start, end
 ):
     """The name and the shape went into the refusal whole: 5,000 characters of either pinned the config's path at
     its least room (256 characters, cut in its middle) and made a line over MESSAGE_CHARS, which `wok serve` and
     `wok profile` each cut again (cliargs.one_line), the path's end among what went. Cut as a batch's shapes are,
-    the line keeps its shape and a path of 300 characters whole."""
+    the line keeps its shape and a path of 300 characters whole. The model's name too: 5,000 characters of it
+    (its config's name has no length cap) did the same."""
     from wok.cliargs import one_line
     from wok.config import model_config_from_dict
     from wok.servable import Servable
@@ -582,7 +593,7 @@ def test_a_warm_up_that_cannot_make_its_zeros_names_a_huge_input_cut_and_its_con
     assert len(source) > 256
     cfg = model_config_from_dict(
         {
-            "name": "m",
+            "name": model,
             "platform": "python",
             "factory": "model:build",
             "inputs": [{"name": name, "datatype": "FP32", "dims": dims}],
@@ -599,7 +610,8 @@ def test_a_warm_up_that_cannot_make_its_zeros_names_a_huge_input_cut_and_its_con
     finally:
         ex.shutdown()
     message = str(info.value)
-    head = "model 'm': its start-up warm-up cannot make a sample of zeros for "
+    shown = "'m'" if model == "m" else f"'{'m' * 200}'… (5,000 characters in all)"
+    head = f"model {shown}: its start-up warm-up cannot make a sample of zeros for "
     tail = f"; check that input's dims (and warmup_dims) in its config ({source})"
     assert message.startswith(head + start) and message.endswith(end + tail), message[:300] + " ... " + message[-600:]
     assert len(message) < 1_500, f"{len(message):,} characters"
@@ -644,7 +656,7 @@ def test_a_model_raising_a_base_exception_in_the_warm_up_fails_it_as_a_warm_up_e
         ex.shutdown()
     assert str(info.value) == (
         f"model 'exits' failed: {type(exc).__name__}: {str(exc) or '(no message)'}; in the start-up warm-up, on a "
-        "batch of zeros with input shapes X [1, 2] on cpu (config: test)"
+        "batch of zeros with input shapes 'X' [1, 2] on cpu (config: test)"
     )
     assert info.value.__cause__ is exc
 

@@ -1725,7 +1725,7 @@ def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error
     assert lines[-1:] == [
         "wok: model 'm' output 'OUTPUT0': expected shape [1, 3], as its config declares (1 row; -1 = any size); "
         "got [1, 4]; in the start-up warm-up, on a batch of zeros with input shapes "
-        f"INPUT0 [1, 4] on cpu (config: {d / 'config.toml'})"  # no -1 dims: no warmup_dims hint
+        f"'INPUT0' [1, 4] on cpu (config: {d / 'config.toml'})"  # no -1 dims: no warmup_dims hint
     ]
 
 

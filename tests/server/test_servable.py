@@ -120,7 +120,7 @@ def test_a_model_whose_output_cannot_take_its_config_datatype_fails_the_start_up
     assert "\n" not in msg
     assert "model 'm' output 'y': expected INT64, as its config declares, or a dtype that casts to it" in msg
     assert "; got torch.float32;" in msg
-    assert f"in the start-up warm-up, on a batch of zeros with input shapes x [1, 2] on cpu (config: {source})" in msg
+    assert f"in the start-up warm-up, on a batch of zeros with input shapes 'x' [1, 2] on cpu (config: {source})" in msg
     assert "warmup_dims" not in msg  # the zeros' sizes are not what failed
 
 
@@ -457,7 +457,7 @@ def test_an_output_that_is_no_tensor_fails_the_warm_up_without_a_warmup_dims_hin
         ex.shutdown()
     assert str(info.value) == (
         "model 'm' output 'count': expected a torch.Tensor; got int; in the "
-        f"start-up warm-up, on a batch of zeros with input shapes x [1, 1] on cpu (config: {source})"
+        f"start-up warm-up, on a batch of zeros with input shapes 'x' [1, 1] on cpu (config: {source})"
     )
 
 

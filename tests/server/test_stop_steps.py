@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import threading
 
 import numpy as np
 import pytest
@@ -506,4 +507,113 @@ async def test_a_drain_ending_as_its_stop_is_cancelled_again_is_stopped_once_and
     ]
     assert len(logged(caplog, raised[0])) == 1
     assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
+    assert all(executor_ended(inst) for inst in instances(server))
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_a_stop_left_by_an_interrupt_in_a_step_tells_of_its_batch_and_is_finished_by_the_next(
+    gated_model, monkeypatch, interrupt
+):
+    """A KeyboardInterrupt (a Ctrl-C under a plain run_until_complete, as bench tools and tests run the stop) or a
+    SystemExit raised in a step came out of the stop with the server marked stopped: the executors' step never ran,
+    `abandoned_work` read False with the model's thread in its batch, and the next stop returned at once, the gRPC
+    port bound and the executors open. Such a stop is left partway, as a cancelled one."""
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
+    loop = asyncio.new_event_loop()
+    try:
+        server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+        loop.run_until_complete(server.start())
+        port = server.port
+        batcher = server.runtime("gated").batcher
+        ends = server._reflection.end_streams
+        calls = []
+
+        def interrupted():
+            calls.append(interrupt)
+            if len(calls) == 1:
+                raise interrupt()
+            return ends()
+
+        monkeypatch.setattr(server._reflection, "end_streams", interrupted)
+        module.gate.clear()
+        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        entered = loop.run_until_complete(asyncio.to_thread(module.entered.wait, 10))  # the loop sends it
+        assert entered, "the batch never reached the model"
+        # The drain's grace runs out with the batch held in the model; the interrupt comes after it.
+        with pytest.raises(interrupt):
+            loop.run_until_complete(server.stop(grace=0.2))
+        assert calls == [interrupt]
+        assert isinstance(pending.future.exception(), ShuttingDown), pending.future.exception()
+        assert server.abandoned_work  # the model's thread is in its batch, and no stop will shut it down
+        module.gate.set()
+        loop.run_until_complete(asyncio.wait_for(server.stop(grace=5.0), 30))
+        assert calls == [interrupt, interrupt]  # the step the interrupt left, run by the next stop
+        assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
+        assert all(executor_ended(inst) for inst in instances(server))
+        assert not server.abandoned_work
+    finally:
+        module.gate.set()
+        loop.close()
+
+
+async def test_a_shutdown_failing_after_its_stop_was_cancelled_in_the_executors_wait_is_read(gated_model, monkeypatch):
+    """A stop cancelled in its wait for the executors' shutdowns left their `end` futures to no one (the next stop
+    waits on ends of its own): one whose shutdown then failed was logged as "Future exception was never retrieved"."""
+    import gc
+
+    from wok import app
+
+    servable, _ = gated_model(max_batch_size=1, delay_ms=1.0)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    executor = server.runtime("gated").executor
+    real_shutdown = executor.shutdown
+    entered, release = threading.Event(), threading.Event()
+    calls = []
+
+    def shutdown() -> None:
+        calls.append(len(calls) + 1)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(30)
+            real_shutdown()
+            raise RuntimeError("test: the executor's shutdown failed")
+        real_shutdown()
+
+    ends = []
+
+    def on_own_thread(loop, executor, name):
+        end, thread = real_on_own_thread(loop, executor, name)
+        ends.append(end)
+        return end, thread
+
+    real_on_own_thread = app._shutdown_on_own_thread
+    monkeypatch.setattr(executor, "shutdown", shutdown)
+    monkeypatch.setattr(app, "_shutdown_on_own_thread", on_own_thread)
+    loop = asyncio.get_running_loop()
+    unretrieved = []
+    default_handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda loop, context: unretrieved.append(context["message"]))
+    try:
+        stopping = asyncio.ensure_future(server.stop(grace=30.0))
+        try:
+            assert await asyncio.to_thread(entered.wait, 10), "the stop never reached the executors' shutdown"
+            stopping.cancel()
+            await asyncio.wait({stopping})
+            assert stopping.cancelled()
+        finally:
+            release.set()
+        del stopping  # its cancellation's traceback holds the stop's frames, and the end with them
+        (end,) = ends
+        await asyncio.wait_for(asyncio.wait({end}), 30)
+        assert end.done() and not end.cancelled()  # its failure set; not read here, which would retrieve it
+        ends.clear()
+        del end
+        gc.collect()
+        assert unretrieved == []
+    finally:
+        loop.set_exception_handler(default_handler)
+        release.set()
+    await asyncio.wait_for(server.stop(grace=5.0), 30)
+    assert calls == [1, 2]
     assert all(executor_ended(inst) for inst in instances(server))
