@@ -967,15 +967,16 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
-    status, line = 1, None  # 1: an error of wok's own escapes, Python's status after its traceback
+    status = 1  # an error of wok's own escapes: Python's status after its traceback
     try:
         status = asyncio.run(_serve(args, stop_signal))
     except (ConfigError, WarmupError, StartError) as exc:
         # A warm-up on a lost device, or a model thread left running, has left through os._exit already (_serve).
         line, status = _start_failure(exc)
+        # Before `after_loop`: from there a signal leaves at once with the status, and one before the line was
+        # said left without it (status 2, no reason given).
+        _say(line)
     finally:
         # A failed start tears down as long as a stopped server does (torch): the same holds.
         stop_signal.after_loop(status)
-    if line is not None:
-        print(line, file=sys.stderr)
     return status

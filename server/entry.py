@@ -112,8 +112,12 @@ class _ExitSignals:
     def teardown(self) -> None:
         import signal
 
-        for s in self.armed:
-            signal.signal(s, signal.SIG_IGN)
+        # Every Python handler of the three, not only those `returned` took: a command that raised (a traceback,
+        # status 1) never returned, and left its own (`wok serve`'s `_StopSignal`), which the finalization put back
+        # to the default action: a signal as torch tore down after the traceback killed the process by it.
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if callable(signal.getsignal(s)):
+                signal.signal(s, signal.SIG_IGN)
 
     @staticmethod
     def _flush() -> None:
