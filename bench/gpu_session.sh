@@ -219,23 +219,25 @@ SCRAPE='import sys, time, urllib.request as u
 time.sleep(float(sys.argv[2]))
 print(u.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode())'
 steps=${WOK_GPU_STEPS:-1000,2000,4000,6000,8000,12000}
+step_s=${WOK_GPU_STEP_S:-5}  # each serving step's measured window (s): a CPU dry run's can be shorter
 
 serving_steps() {
     if wanted ramp_unary ramp_stream; then
         serve "$OUT/serve.log" || return  # a device it cannot serve on: the variants would fail alike
         # --metrics-url named: `auto` looks at port 8002 alone.
         step ramp_unary 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
-            --step-duration 5s --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
+            --step-duration "${step_s}s" --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
             --json "$OUT/ramp_unary.json"
         if wanted ramp_stream; then
-            # Scraped again during the stream ramp's third step (4,000 QPS by default), for the gauges under load.
+            # Scraped again during the stream ramp's third step (4,000 QPS by default; with 5 s steps), for the gauges
+            # under load.
             hold_signals
             python3 -c "$SCRAPE" "$metrics_port" 14 >"$OUT/metrics_load.txt" 2>&1 &
             scraper=$!
             release_signals
             step ramp_stream 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
-                --step-duration 5s --workers 4 --rpc stream --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
-                --json "$OUT/ramp_stream.json"
+                --step-duration "${step_s}s" --workers 4 --rpc stream \
+                --metrics-url "http://127.0.0.1:$metrics_port/metrics" --json "$OUT/ramp_stream.json"
             wait "$scraper"
             scraper=""
             python3 -c "$SCRAPE" "$metrics_port" 0 >"$OUT/metrics.txt" 2>&1
@@ -256,7 +258,7 @@ serving_steps() {
         wanted "ramp_unary_$name" || continue
         serve "$OUT/serve_$name.log" "${words[@]:1}" || continue
         step "ramp_unary_$name" 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
-            --step-duration 5s --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
+            --step-duration "${step_s}s" --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
             --json "$OUT/ramp_unary_$name.json"
         stop_server
     done

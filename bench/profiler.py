@@ -283,6 +283,56 @@ def _parameter_storages(module: torch.nn.Module) -> dict[int, int]:
     return out
 
 
+# TorchDispatchMode wraps each subclass's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
+# torch._dynamo: ~1.2 s, a fifth of a short `wok profile`. The wrap keeps dynamo from compiling the mode's own frames,
+# and only a loaded dynamo compiles anything, so where torch._dynamo is not loaded the counting pass runs the same
+# modes unwrapped (`__wrapped__`: the function as written); where it is (a model that compiles), as torch made them.
+# Private parts of torch (2.13): a torch without them (pyproject allows 2.4 on) counts with the modes as torch makes
+# them, the import's cost paid.
+try:
+    from torch.utils.flop_counter import _FlopCounterMode
+except ImportError:
+    _FlopCounterMode = None
+_QUIET = _FlopCounterMode is not None and all(
+    hasattr(m.__torch_dispatch__, "__wrapped__") and hasattr(m, "_should_skip_dynamo")
+    for m in (_WorkMode, _FlopCounterMode)
+)
+
+if _QUIET:
+
+    class _QuietWorkMode(_WorkMode):
+        __torch_dispatch__ = _WorkMode.__torch_dispatch__.__wrapped__
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+    class _QuietFlopMode(_FlopCounterMode):
+        """FlopCounterMode's own dispatch mode (its formulas, decompositions, higher-order ops), unwrapped."""
+
+        __torch_dispatch__ = _FlopCounterMode.__torch_dispatch__.__wrapped__
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+    class _QuietFlopCounter(FlopCounterMode):
+        def __enter__(self):
+            # FlopCounterMode.__enter__ but for the mode it enters.
+            self.flop_counts.clear()
+            self.mod_tracker.__enter__()
+            self.mode = _QuietFlopMode(self)
+            self.mode.__enter__()
+            return self
+
+
+def _counting_modes(params: dict[int, int], work: WorkCount) -> tuple[_WorkMode, FlopCounterMode]:
+    """The byte-counting mode and the FLOP counter of one counting pass (see above for which)."""
+    if not _QUIET or "torch._dynamo" in sys.modules:
+        return _WorkMode(params, work), FlopCounterMode(display=False)
+    return _QuietWorkMode(params, work), _QuietFlopCounter(display=False)
+
+
 def count_work(servable: Servable, device: torch.device, requests: Sequence[dict[str, np.ndarray]]) -> WorkCount:
     """FLOPs and bytes of one forward pass over `requests` (one batch), on `device`."""
     module = servable.module_for(device)
@@ -290,7 +340,6 @@ def count_work(servable: Servable, device: torch.device, requests: Sequence[dict
     host = servable.assemble(requests, rows, HostBuffers(pinned=False))
     tensors = servable.prepare({k: v.to(device) for k, v in host.items()})
     work = WorkCount()
-    counter = FlopCounterMode(display=False)
     # Fused inference kernels (nn.TransformerEncoderLayer's fast path) have no FLOP formula;
     # the unfused path computes the same products, each a counted matmul.
     fastpath = torch.backends.mha.get_fastpath_enabled()
@@ -298,7 +347,7 @@ def count_work(servable: Servable, device: torch.device, requests: Sequence[dict
     try:
         # no_grad, not inference_mode: under inference_mode and FlopCounterMode TorchScript's aten::numel
         # raises a RuntimeError with no message (torch 2.13), and nn.EmbeddingBag's forward reads numel().
-        mode = _WorkMode(_parameter_storages(module), work)
+        mode, counter = _counting_modes(_parameter_storages(module), work)
         with torch.no_grad(), mode, counter:
             try:
                 servable.forward(module, tensors)

@@ -179,7 +179,7 @@ FREE_PORTS = "test_the_gpu_session_serves_on_free_ports_into_a_folder_of_its_own
 @pytest.fixture(scope="module", autouse=True)
 def free_ports_session(request, tmp_path_factory):
     """FREE_PORTS's run of bench/gpu_session.sh, started as the module starts (where that test is selected), the
-    test last in the module: the run is mostly waiting (a process's imports at a time, the step's 5 s of paced sends),
+    test last in the module: the run is mostly waiting (a process's imports at a time, the step's 1 s of paced sends),
     and the module's other tests run meanwhile, where after them it added its whole run (18-23 s in CI) to the
     worker's. Ports 8011 and 8012 are held for it (as by another server on the machine: the variant's fixed ones once)
     until the module ends. `free_ports_session()`: the run, ended, as subprocess.run gives it."""
@@ -204,7 +204,8 @@ def free_ports_session(request, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("OUT", "WOK_SITE", "WOK_GPU_TUNE_CHECK")}
     # The lent machine's python3 has wok's dependencies; here the environment's does.
     env |= {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "WOK_GPU_DEVICE": "cpu"}
-    env |= {"WOK_GPU_ONLY": "ramp_unary_accept0", "WOK_GPU_STEPS": "50"}
+    # One step of 1 s (5 s on a GPU): the step's length is no part of what the test checks.
+    env |= {"WOK_GPU_ONLY": "ramp_unary_accept0", "WOK_GPU_STEPS": "50", "WOK_GPU_STEP_S": "1"}
     d = tmp_path_factory.mktemp("free_ports")
     cmd = ["bash", "bench/gpu_session.sh"]
     # Files, not pipes: a run not yet waited on must not block on a full pipe.
@@ -656,5 +657,6 @@ def test_the_gpu_session_serves_on_free_ports_into_a_folder_of_its_own_and_remov
         grpc_port, metrics_port = int(config["target"].rsplit(":", 1)[1]), int(config["metrics_url"].split(":")[2][:-8])
         assert {grpc_port, metrics_port}.isdisjoint({8011, 8012}) and grpc_port != metrics_port, config
         assert config["metrics_url"] == f"http://127.0.0.1:{metrics_port}/metrics"
+        assert (config["steps"], config["step_duration_s"]) == ([50], 1), config
     finally:
         shutil.rmtree(out, ignore_errors=True)

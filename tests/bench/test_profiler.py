@@ -6,6 +6,7 @@ import json
 import math
 import re
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from wok.servable import HostBuffers, Servable
 from ..conftest import write_python_model
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[2]
 FP32, INT64 = 4, 8
 
 
@@ -128,6 +130,44 @@ def test_recsys_is_memory_bound_at_every_batch_size(sizes):
     for n in default_batch_sizes(recsys.config.max_batch_size):
         work = count_work(recsys, CPU, pool[:n])
         assert classify(work.flops / work.bytes) == "memory-bound", (n, work)
+
+
+# The demo models' counts (`_demo_counts`) from a fresh interpreter, and whether counting them loaded torch._dynamo.
+DEMO_COUNTS = """
+import json, sys
+from tests.bench.test_profiler import _demo_counts
+counts = _demo_counts()
+print(json.dumps({"dynamo_loaded_by_counting": "torch._dynamo" in sys.modules, "counts": counts}))
+"""
+
+
+def _demo_counts() -> dict[str, dict]:
+    out = {}
+    for name, sizes in [("mlp", "fixed:16"), ("recsys", "uniform:1:40"), ("encoder", "uniform:8:64")]:
+        servable = build_demo(name)
+        pool = request_pool(servable, ProfileConfig(batch_sizes=[1, 2], sizes=sizes, seed=5), 5)
+        for n in (1, 5):
+            work = asdict(count_work(servable, CPU, pool[:n]))
+            out[f"{name} {sizes} {n}"] = {**work, "uncounted_ops": sorted(work["uncounted_ops"])}
+    return out
+
+
+def test_counting_imports_no_dynamo_and_counts_as_torchs_flop_counter():
+    """FlopCounterMode's __torch_dispatch__ (and any TorchDispatchMode's, _WorkMode's too) is wrapped in
+    torch._disable_dynamo, whose first call imported torch._dynamo: ~1.2 s of every `wok profile` (4.6 s → 3.2 s for
+    a short one). Without dynamo loaded the pass runs the same modes unwrapped; its counts are those of the modes as
+    torch wraps them, which count here, once dynamo is loaded (as where a model compiles)."""
+    import subprocess
+    import sys
+
+    import torch._dynamo  # noqa: F401
+
+    run = subprocess.run([sys.executable, "-c", DEMO_COUNTS], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got["dynamo_loaded_by_counting"] is False
+    assert len(got["counts"]) == 6 and all(w["flops_counter"] > 0 for w in got["counts"].values())
+    assert got["counts"] == _demo_counts()
 
 
 # ---------------------------------------------------------------------------- sizes that vary
