@@ -1344,7 +1344,10 @@ def _profile_progress(label: str, total: int | None):
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    # Not read as rich's markup: the label and a phase hold what the user typed (the model's name, the repository's
+    # path since the load is a phase), where a `[/]` raised rich's MarkupError and a `[bold]` was taken for a style.
+    text = TextColumn("{task.description}", markup=False)
+    columns = (text, BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         yield _BarProgress(bar, bar.add_task(label, total=total), label)
 
@@ -1379,8 +1382,21 @@ def run_profile(args) -> int:
         if (refusal := integer_refusal("--torch-threads", args.torch_threads, 1)) is not None:
             raise ValueError(refusal)
         torch.set_num_threads(args.torch_threads)
-    # The options read before the model is loaded (seconds for a large one): a typo is refused at once.
+    # The options read before the model is loaded (seconds for a large one): a typo is refused at once. Only sizes past
+    # the model's max_batch_size need the model.
     given_sizes = None if args.batch_sizes is None else profiler.parse_batch_sizes(args.batch_sizes)  # '': refused
+    if given_sizes is not None:
+        profiler.check_batch_sizes(given_sizes)
+    settings = {
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "int_high": args.int_high,
+        "device": args.device,
+        "seed": args.seed,
+        "cpu_linear": args.cpu_linear,
+    }
+    profiler.check_options(**settings)
+    profiler.profile_device(args.device)  # CUDA asked for and absent
     _named("--sizes", parse_sizes, args.sizes)  # else refused as "sizes ...", in no option's name
     peak = roofline.parse_rate(args.peak_flops, "--peak-flops") if args.peak_flops else None
     bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
@@ -1407,16 +1423,7 @@ def run_profile(args) -> int:
                     f"model '{servable.name}' has max_batch_size {servable.config.max_batch_size}: T(n) = α + β·n "
                     "needs batches of two or more sizes, and the server forms no batch above max_batch_size"
                 )
-        cfg = profiler.ProfileConfig(
-            batch_sizes=batch_sizes,
-            warmup=args.warmup,
-            repeats=args.repeats,
-            sizes=args.sizes,
-            int_high=args.int_high,
-            device=args.device,
-            seed=args.seed,
-            cpu_linear=args.cpu_linear,
-        )
+        cfg = profiler.ProfileConfig(batch_sizes=batch_sizes, sizes=args.sizes, **settings)
         progress.count_to((cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes)))
         result = profiler.profile(
             servable,

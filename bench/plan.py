@@ -564,14 +564,20 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     config = doc.get("config")
     device = config.get("device") if isinstance(config, dict) else None
     detail["device"] = device if isinstance(device, str) else None
-    if fit.get("r2") is not None:
+    if (r2 := fit.get("r2")) is not None:
+        # A JSON number, as `wok tune` reads it: float() took true and a string's digits as numbers, and an R² of NaN
+        # or 1e400 was taken and failed --json's writing once the plan was made (until 2026-12-07).
+        where = f"{option} {path}: fit.r2"
+        if isinstance(r2, bool) or not isinstance(r2, (int, float, Decimal)):
+            raise ValueError(f"{where}: expected a number; got {json_kind(r2)}")
+        if isinstance(r2, float):  # JSON's NaN, Infinity: every other number reads as an int or a Decimal
+            raise ValueError(f"{where}: expected a finite number; got {json_kind(r2)}")
         try:
-            detail["r2"] = float(fit["r2"])
-        except (TypeError, ValueError):
-            raise ValueError(f"{option} {path}: fit.r2: expected a number; got {json_kind(fit['r2'])}") from None
+            detail["r2"] = float(r2)
         except OverflowError:  # an integer past a float's range: a traceback until 2026-12-07
-            got = json_kind(fit["r2"])
-            raise ValueError(f"{option} {path}: fit.r2: expected a number a 64-bit float holds; got {got}") from None
+            detail["r2"] = math.inf
+        if math.isinf(detail["r2"]):  # a Decimal past it reads as infinite
+            raise ValueError(f"{where}: expected a number a 64-bit float holds; got {json_kind(r2)}")
     # The sizes and times the fit was made on, as `wok tune` reads them; entries it cannot read are left to it
     # (the plan needs the fit alone): a size outside them is marked and warned of, a time bounds α's rounding.
     batches = doc.get("batches")

@@ -469,28 +469,49 @@ class ProfileConfig:
     cpu_linear: str = "onednn"  # how a CPU instance runs nn.Linear, as `wok serve --cpu-linear`
 
     def __post_init__(self) -> None:
-        if len(set(self.batch_sizes)) < 2:
-            raise ValueError(
-                f"--batch-sizes: expected two or more different sizes (to fit α and β); got {self.batch_sizes}"
-            )
-        if any(n < 1 for n in self.batch_sizes):
-            raise ValueError(f"--batch-sizes: expected sizes >= 1; got {self.batch_sizes}")
-        # --seed: numpy's own refusal names no option ("expected non-negative integer").
-        for option, value, least in (
-            ("--warmup", self.warmup, 0),
-            ("--repeats", self.repeats, 1),
-            ("--seed", self.seed, 0),
-        ):
-            if (refusal := integer_refusal(option, value, least)) is not None:
-                raise ValueError(refusal)
-        if self.int_high is not None:
-            check_int_high(self.int_high)
-        try:
-            check_device(self.device)
-        except ValueError as exc:
-            raise ValueError(f"--device: {exc}") from None
-        if self.cpu_linear not in ("onednn", "torch"):
-            raise ValueError(f"--cpu-linear {quoted_name(self.cpu_linear)}: expected onednn or torch")
+        check_batch_sizes(self.batch_sizes)
+        check_options(
+            warmup=self.warmup,
+            repeats=self.repeats,
+            seed=self.seed,
+            int_high=self.int_high,
+            device=self.device,
+            cpu_linear=self.cpu_linear,
+        )
+
+
+def check_batch_sizes(batch_sizes: Sequence[int]) -> None:
+    """--batch-sizes as a profile takes them (ProfileConfig): two or more different sizes, each >= 1."""
+    if len(set(batch_sizes)) < 2:
+        raise ValueError(f"--batch-sizes: expected two or more different sizes (to fit α and β); got {batch_sizes}")
+    if any(n < 1 for n in batch_sizes):
+        raise ValueError(f"--batch-sizes: expected sizes >= 1; got {batch_sizes}")
+
+
+def check_options(*, warmup: int, repeats: int, seed: int, int_high: int | None, device: str, cpu_linear: str) -> None:
+    """A profile's settings but its batch sizes, each refused naming its option (ProfileConfig): `wok profile` checks
+    them before it loads the model, which takes seconds for a large one (until 2026-12-07 a typo was refused after)."""
+    # --seed: numpy's own refusal names no option ("expected non-negative integer").
+    for option, value, least in (("--warmup", warmup, 0), ("--repeats", repeats, 1), ("--seed", seed, 0)):
+        if (refusal := integer_refusal(option, value, least)) is not None:
+            raise ValueError(refusal)
+    if int_high is not None:
+        check_int_high(int_high)
+    try:
+        check_device(device)
+    except ValueError as exc:
+        raise ValueError(f"--device: {exc}") from None
+    if cpu_linear not in ("onednn", "torch"):
+        raise ValueError(f"--cpu-linear {quoted_name(cpu_linear)}: expected onednn or torch")
+
+
+def profile_device(device: str) -> torch.device:
+    """The device `--device` names (check_device's forms), resolved as the server resolves it; a CUDA one that is not
+    here refused naming --device."""
+    try:
+        return resolve_devices([device])[0]
+    except ModelExecutionError as exc:
+        raise ValueError(f"--device: {exc}") from None
 
 
 def default_batch_sizes(max_batch_size: int) -> list[int]:
@@ -1103,10 +1124,7 @@ def profile(
             f"--batch-sizes {too_big} exceed model '{servable.name}''s max_batch_size "
             f"({servable.config.max_batch_size}): the server never forms such batches"
         )
-    try:
-        device = resolve_devices([cfg.device])[0]
-    except ModelExecutionError as exc:  # CUDA asked for and absent
-        raise ValueError(f"--device: {exc}") from None
+    device = profile_device(cfg.device)
     sizes = list(dict.fromkeys(cfg.batch_sizes))
     _phase(progress, "start-up warm-up")
     try:

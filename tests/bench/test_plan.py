@@ -1519,14 +1519,44 @@ def test_a_non_finite_number_in_a_profile_is_refused_as_such(tmp_path, wok_cli):
             '"alpha_s": 0.001, "beta_s": 0.001, "r2": 1' + "0" * 400,
             "fit.r2: expected a number a 64-bit float holds; got an integer of 401 digits",
         ),
+        # Taken as an infinite R², which failed --json's writing once the plan was made (the test below).
+        (
+            '"alpha_s": 0.001, "beta_s": 0.001, "r2": -1e400',
+            "fit.r2: expected a number a 64-bit float holds; got -1E+400",
+        ),
     ],
-    ids=["alpha-integer", "beta-integer", "alpha-1e400", "alpha-1e-400", "r2-integer"],
+    ids=["alpha-integer", "beta-integer", "alpha-1e400", "alpha-1e-400", "r2-integer", "r2-1e400"],
 )
 def test_a_profiles_number_past_a_floats_range_is_refused_naming_the_field(fit, why, tmp_path, wok_cli):
     path = tmp_path / "profile.json"
     path.write_text('{"schema": "wok.profile/1", "fit": {' + fit + "}}")
     status, _, err = wok_cli("plan", "--profile", str(path), "--batch-size", "16", "--peak-qps", "5000")
     assert (status, err) == (2, f"wok plan: --profile {path}: {why}\n")
+
+
+@pytest.mark.parametrize(
+    ("r2", "why"),
+    [
+        ("NaN", "expected a finite number; got NaN"),
+        ("Infinity", "expected a finite number; got Infinity"),
+        ("1e400", "expected a number a 64-bit float holds; got 1E+400"),
+        # float() read these as 0.9 and 1.0, where `wok tune` refuses them.
+        ('"0.9"', "expected a number; got a string ('0.9')"),
+        ("true", "expected a number; got true"),
+    ],
+)
+def test_a_profiles_r2_that_is_no_finite_number_is_refused_before_the_plan(r2, why, tmp_path, wok_cli):
+    """A profile's fit.r2 was read with float(): NaN and 1e400 were taken, and the plan, made and printed, failed at
+    writing --json ("Out of range float values are not JSON compliant", exit 2); a string's digits and true were
+    taken as numbers. The plan reads it as `wok tune` does, a JSON number, and finite."""
+    path = tmp_path / "profile.json"
+    path.write_text('{"schema": "wok.profile/1", "fit": {"alpha_s": 0.001, "beta_s": 0.001, "r2": ' + r2 + "}}")
+    argv = ["plan", "--profile", str(path), "--batch-size", "16", "--peak-qps", "5000"]
+    status, out, err = wok_cli(*argv, "--json", str(tmp_path / "plan.json"))
+    assert (status, out, err) == (2, "", f"wok plan: --profile {path}: fit.r2: {why}\n")
+    path.write_text('{"schema": "wok.profile/1", "fit": {"alpha_s": 0.001, "beta_s": 0.001, "r2": -0.5}}')
+    assert wok_cli(*argv, "--json", str(tmp_path / "plan.json"))[0] == 0
+    assert json.loads((tmp_path / "plan.json").read_text())["inputs"]["batch"]["profile"]["r2"] == -0.5
 
 
 @pytest.mark.parametrize(

@@ -1093,6 +1093,35 @@ def test_cli_refuses_bad_options(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+# A model whose load fails: an option refused after the load was refused as the load's failure instead.
+UNLOADABLE = """
+def build():
+    raise RuntimeError("the model was loaded")
+"""
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--repeats", "0"], "--repeats: expected an integer >= 1; got 0"),
+        (["--warmup", "-1"], "--warmup: expected an integer >= 0; got -1"),
+        (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
+        (["--int-high", "0"], "--int-high: expected an integer >= 1; got 0"),
+        (["--device", "tpu"], f"--device: expected {DEVICE_FORMS}; got 'tpu'"),
+        (["--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
+        (["--batch-sizes", "4,4"], "--batch-sizes: expected two or more different sizes (to fit α and β); got [4, 4]"),
+    ],
+)
+def test_wok_profile_refuses_its_options_before_it_loads_the_model(option, message, tmp_path, capsys):
+    """The comment said the options were refused before the model's load (seconds for a large one), but these were
+    refused after it (ProfileConfig, the device's resolution): a typo waited for the load. Only --batch-sizes past
+    the model's max_batch_size needs the model."""
+    write_python_model(tmp_path / "repo" / "unloadable", UNLOADABLE, 4)
+    assert main(["profile", "unloadable", "--model-repository", str(tmp_path / "repo"), *option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"wok profile: {message}") and "loaded" not in err, err
+
+
 @pytest.mark.parametrize(
     ("sizes", "message"),
     [

@@ -358,3 +358,21 @@ def test_wok_profile_says_it_loads_the_model(tmp_path, monkeypatch):
     lines = stderr.during_load.splitlines()
     said = rf"profiling slow: loading model repository {re.escape(str(repo))}, \d+ s"
     assert lines and all(re.fullmatch(said, line) for line in lines), stderr.getvalue()[-3000:]
+
+
+def test_wok_profiles_bar_shows_the_model_and_the_repository_as_typed(monkeypatch):
+    """Since the load is a phase, the bar's label and phase hold what the user typed: read as rich's markup, a `[/]`
+    in the model's name raised MarkupError as the bar began (a traceback, exit 1, before the name was refused), and a
+    `[bold]` in the repository's path was taken for a style and left out of it. Drawn here on a terminal's console
+    writing to a buffer."""
+    from rich.console import Console
+
+    from wok.bench import cli, runner
+
+    drawn = io.StringIO()
+    console = Console(file=drawn, force_terminal=True, force_interactive=True, width=200)
+    monkeypatch.setattr(runner, "live_bar_console", lambda: console)
+    with cli._profile_progress("profiling m[/]", None) as progress:
+        progress.phase("loading model repository /models/[bold]/x")
+        progress.bar.refresh()
+        assert "profiling m[/]: loading model repository /models/[bold]/x " in drawn.getvalue(), drawn.getvalue()
