@@ -100,24 +100,26 @@ class _Key:
     raised failed the task: the model refused every request until a restart, a KeyboardInterrupt ended the server's
     loop, and a CancelledError was taken for the task's own cancellation (its requests answered as at a stop)."""
 
-    __slots__ = ("key", "seen")
+    __slots__ = ("kept", "key")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        # A request came with it again since it was made, or since the last sweep of `Batcher._keys`: a key that
-        # comes once (one of many ids, a timestamp) is gone at the next sweep, once no request queued nor batch running
-        # holds it and the slo policy keeps nothing of it (KEYS_KEPT).
-        self.seen = False
+        # Set by a sweep of `Batcher._keys` (and cleared by it) on the keys it must keep whatever their queues hold:
+        # a batch's running, or the slo policy's fit or rate kept of it (KEYS_KEPT).
+        self.kept = False
 
     def __repr__(self) -> str:
         return f"_Key({self.key!r})"
 
 
-# How many keys `Batcher._keys` holds before a sweep, which keeps those a request came with since the last sweep, a
-# request queued or a batch running holds, or the slo policy keeps a fit or an arrival rate of (its MAX_TRACKED_KEYS
-# most recent of each: `SloPolicy.tracked`), and drops the rest. So a key whose fit is kept keeps its _Key and finds
-# its fit when it comes again, and a key dropped is in none of the policy's tables (nothing of it is held): seen again
-# it is a new key, its fit learned anew. The bound is then at least twice the keys the sweep kept.
+# How many keys `Batcher._keys` holds before a sweep, which keeps those a request queued or a batch running holds, or
+# the slo policy keeps a fit or an arrival rate of (its MAX_TRACKED_KEYS most recent of each: `SloPolicy.tracked`),
+# and drops the rest. So a key whose fit is kept keeps its _Key and finds its fit when it comes again, and a key
+# dropped is in none of the policy's tables (nothing of it is held): seen again it is a new key, its fit learned anew.
+# A key that merely came again is not kept for that: with nothing held by it a new _Key costs nothing, and keeping
+# each such key (as before) let a client that sent every key twice between sweeps double the table at each one. The
+# bound is then at least twice the keys the sweep kept, which is at most what the policy keeps (2 * MAX_TRACKED_KEYS)
+# beside the keys of requests queued and batches running.
 KEYS_KEPT = 2 * MAX_TRACKED_KEYS
 
 
@@ -619,7 +621,6 @@ class Batcher:
         code) run here, and in a sweep: what they raise here is the caller's, before anything has changed."""
         held = self._keys.get(key)
         if held is not None:
-            held.seen = True
             return held
         if len(self._keys) >= self._keys_limit:
             self._sweep_keys()
@@ -627,25 +628,30 @@ class Batcher:
         return held
 
     def _sweep_keys(self) -> None:
-        """Drop the keys that no request came with again since the last sweep, that no request queued (an emptied
-        queue waits for the task to drop it) nor batch running holds, and that the slo policy keeps no fit or rate
-        of (KEYS_KEPT). Those kept are hashed again: one whose __hash__ or __eq__ raises now is dropped too, its
-        queue (keyed by its _Key) served as it is; a request of an equal key is queued anew, or fails as its key's
-        hash does."""
-        queues = self._queues
+        """Drop the keys that no request queued (an emptied queue waits for the task to drop it) nor batch running
+        holds, and that the slo policy keeps no fit or rate of (KEYS_KEPT). Those kept are hashed again: one whose
+        __hash__ or __eq__ raises now is dropped too, its queue (keyed by its _Key) served as it is; a request of an
+        equal key is queued anew, or fails as its key's hash does."""
         # A running batch's key too: its end teaches the policy its fit (`_complete`), which a key dropped meanwhile
         # would hold for nothing.
-        keep = {batch.key for batch in self._dispatched.values()}
+        for batch in self._dispatched.values():
+            batch.key.kept = True
         if self.slo is not None:
-            keep.update(self.slo.tracked())
+            for held in self.slo.tracked():
+                held.kept = True
+        queues = self._queues
         kept: dict[Hashable, _Key] = {}
         for key, held in self._keys.items():
-            q = queues.get(held)
-            if held.seen or held in keep or (q is not None and q.requests):
-                held.seen = False
+            if held.kept or ((q := queues.get(held)) is not None and q.requests):
+                held.kept = False
                 try:
                     kept[key] = held
-                except BaseException:  # the model's code, run for no request: nothing to answer
+                except BaseException:
+                    # The model's code, run for no request: nothing to answer, and none of its failures a signal's
+                    # (`wok serve` takes its signals through the loop; the service answers a key's KeyboardInterrupt
+                    # or SystemExit as it queues a request as that request's failure, `_ModelRaised`). Let through,
+                    # it would fail the request that made this sweep, for another key, and leave the table unswept
+                    # for the next new key's request to hash the same key again.
                     pass
         self._keys = kept
         self._keys_limit = max(KEYS_KEPT, 2 * len(kept))

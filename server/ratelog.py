@@ -172,10 +172,20 @@ class TracebackLog:
 
     def close(self) -> None:
         """Tell what is held now and leave no timer on the loop; unless another server that opened it still serves,
-        a later failure is logged at once (`failed`), until the next `open()`."""
-        self._opened = max(0, self._opened - 1)
+        a later failure is logged at once (`failed`), until the next `open()`. A close with no server left to close
+        it (more closes than opens) is a bug of the caller's: RuntimeError. What a window held is the log's, of
+        every server serving with it (a servable's check and batch_key run in each, one line a window for all,
+        and a failure does not say whose request it was), told as any of them stops: the timer that would tell it at
+        the window's end may be on the loop that server's stop ends."""
+        if not self._opened:
+            raise RuntimeError(f"{self.subject}: its log was closed more times than it was opened")
+        servers = self._opened
+        self._opened -= 1
         self._closed = not self._opened
         held = self.throttle.disarm()
         self._loop = None
         if held:
-            self._tell_held(held, ", as the server stops")
+            if servers == 1:
+                self._tell_held(held, ", as the server stops")
+            else:
+                self._tell_held(held, f", as one of the {servers} servers serving it stops (counted in all of them)")

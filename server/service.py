@@ -496,6 +496,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if failures is None:
             subject = f"requests for model '{model}'" if key is not None else "requests for models not served"
             failures = self._failures[key] = TracebackLog(log, logging.ERROR, f"{subject} failed", "failed requests")
+            failures.open()  # this server's own, closed by its stop (close_failure_logs)
         return failures
 
     def close_failure_logs(self) -> None:

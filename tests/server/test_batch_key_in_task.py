@@ -15,6 +15,7 @@ import pytest
 from torch import nn
 
 from wok import batcher as batcher_module
+from wok import policy as policy_module
 from wok.batcher import Batcher, BatchingPolicy
 from wok.policy import SloPolicy
 from wok.servable import Servable
@@ -141,11 +142,11 @@ class Breakable:
         return 1
 
 
-async def test_the_batchers_keys_are_swept_past_their_bound_keeping_those_queued_and_those_seen(gated, monkeypatch):
+async def test_the_batchers_keys_are_swept_past_their_bound_keeping_those_queued(gated, monkeypatch):
     # Each key a request came with is held (Batcher._keys) so that equal keys share one _Key, as the slo policy's
-    # fits do; keys that come and go must not pile up: past the bound, those no request came with again since the
-    # last sweep and no request queued holds go. A sweep hashes the keys it keeps again: one that raises now is
-    # dropped, for no request to answer, and its queue is served.
+    # fits do; keys that come and go must not pile up: past the bound, those no request queued holds go. A sweep
+    # hashes the keys it keeps again: one that raises now is dropped, for no request to answer, and its queue is
+    # served.
     monkeypatch.setattr(batcher_module, "KEYS_KEPT", 8)
     monkeypatch.setattr(Breakable, "broken", False)
     _s, _m, ex = gated(max_batch_size=8, delay_ms=10_000.0)
@@ -208,5 +209,35 @@ async def test_a_key_the_slo_policy_keeps_a_fit_for_keeps_its_key_past_sweeps_an
         assert set(slo.times._keys) <= held and set(slo.times._coef) <= held and set(slo._rates) <= held
     finally:
         module.gate.set()
+        await b.stop()
+    assert b.queued == 0 and b.inflight == 0
+
+
+@pytest.mark.parametrize("policy", ["fixed", "slo"])
+async def test_a_client_sending_every_key_again_between_sweeps_does_not_grow_the_batchers_keys(
+    policy, gated, monkeypatch
+):
+    # A sweep kept each key a request had come with again since the last one, and let the table grow to twice what
+    # it kept before the next: a client that sent every key it had sent before again each round, with as many new
+    # ones, doubled the table at each sweep (256 keys held after the sixth round here, 131,072 after the fifth with
+    # the real bound) though no request queued, batch running nor fit or rate of the policy's held one of them.
+    monkeypatch.setattr(batcher_module, "KEYS_KEPT", 8)
+    monkeypatch.setattr(policy_module, "MAX_TRACKED_KEYS", 4)
+    _s, _m, ex = gated(max_batch_size=8, delay_ms=10_000.0)
+    slo = SloPolicy(10.0, 8, 1) if policy == "slo" else None
+    b = Batcher("gated", ex, BatchingPolicy(8, 10.0, ()), ModelStats("gated"), slo=slo)
+    b.start()
+    inputs = {"INPUT0": np.ones((1, 4), np.float32)}
+    try:
+        for r in range(6):
+            for i in range(8 * 2**r):
+                for _ in range(2):
+                    b.withdraw(b.submit(inputs, 1, ("k", i), None))
+                assert len(b._keys) <= 2 * 8, (r, i, len(b._keys))
+        if slo is not None:  # the keys the policy keeps a rate of keep their _Key (and so their rate)
+            assert set(slo._rates) <= set(b._keys.values()) and len(slo._rates) == 4
+        # Equal keys still share one _Key.
+        assert b.submit(inputs, 1, ("k", 3), None).key is b.submit(inputs, 1, ("k", 3), None).key
+    finally:
         await b.stop()
     assert b.queued == 0 and b.inflight == 0

@@ -263,6 +263,14 @@ async def test_a_servable_two_servers_serve_stays_rate_limited_on_the_one_left_w
         async with served(s) as (_, second):
             async with served(s) as (_, first):
                 await _burst(first, 3)
+                await _burst(second, 2)
+            # What the window held is the servable's, of both servers' requests: the first's stop said it was held
+            # "as the server stops", as though all of it were the stopping server's.
+            assert [r.getMessage() for r in check_lines(caplog)] == [
+                line,
+                f"{line} 4 more times since the last logged (ValueError: 4), as one of the 2 servers serving it "
+                "stops (counted in all of them)",
+            ]
             now[0] += failures.throttle.every_s
             caplog.clear()
             await _burst(second, 10)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import pytest
+
 from wok.ratelog import Throttle, TracebackLog, WindowedWarning
 
 from .conftest import until
@@ -59,6 +61,7 @@ def test_a_traceback_log_tells_a_window_held_at_its_end_on_each_loop_it_fails_on
     # throttle's still on it) and serves on the next one's, where what it holds is told at the window's end as well.
     logger = logging.getLogger("wok.test_ratelog")
     failures = TracebackLog(logger, logging.WARNING, "model 'm': its check (m:check) failed", "failures of its check")
+    failures.open()
     failures.throttle.every_s = 1.0  # long enough for the next loop's failure to come within it, on a slow host
 
     async def fail(*excs: BaseException) -> None:
@@ -95,6 +98,7 @@ async def test_a_failure_after_a_traceback_logs_close_is_logged_at_once_and_arms
     # to the window's end.
     logger = logging.getLogger("wok.test_ratelog")
     failures = TracebackLog(logger, logging.WARNING, "requests for model 'm' failed", "failed requests")
+    failures.open()
     failures.throttle.every_s = 600.0
     with caplog.at_level(logging.WARNING, logger="wok.test_ratelog"):
         failures.failed(ValueError("before"))
@@ -113,3 +117,24 @@ async def test_a_failure_after_a_traceback_logs_close_is_logged_at_once_and_arms
         ("requests for model 'm' failed", caplog.records[3].exc_info[1]),
     ]
     assert [str(r.exc_info[1]) for r in caplog.records if r.exc_info] == ["before", "after", "after, again"]
+
+
+def test_a_traceback_log_closed_more_times_than_opened_raises(caplog):
+    # A close past the opens passed silently (its count floored at 0): a stop closing a log twice, or one it never
+    # opened, then unthrottled it under another server still serving with it. A bug of the caller's, said.
+    logger = logging.getLogger("wok.test_ratelog")
+    failures = TracebackLog(logger, logging.WARNING, "model 'm': its check (m:check) failed", "failures of its check")
+    with pytest.raises(RuntimeError) as info:
+        failures.close()
+    assert str(info.value) == "model 'm': its check (m:check) failed: its log was closed more times than it was opened"
+    failures.open()
+    failures.open()
+    failures.close()
+    failures.close()
+    with pytest.raises(RuntimeError):
+        failures.close()
+    # Still closed by the last of its servers: a failure now is logged at once, with its traceback.
+    with caplog.at_level(logging.WARNING, logger="wok.test_ratelog"):
+        failures.failed(ValueError("a"))
+        failures.failed(ValueError("b"))
+    assert [str(r.exc_info[1]) for r in caplog.records] == ["a", "b"]
