@@ -1351,10 +1351,15 @@ def run_faults(args, cfg: RampConfig) -> dict:
         if replicas is not None:
             replicas.close()
         raise
-    if replicas is not None:
-        # With the result in hand, a signal as the replicas stop waits for them: raised in their wait, it lost the
-        # result (exit 130, no table), and left the replicas to end with the bench.
-        _, came = run_held(replicas.close, doing="the replicas stop (up to 30 s each)")
-        if came is not None:
-            say(f"{type(came).__name__}: {came} as the replicas stopped: the steps run are the result")
+    close_replicas_held(replicas, say)
     return result
+
+
+def close_replicas_held(replicas, say: Callable[[str], None]) -> None:
+    """Stop the bench's `replicas` (None: none) once the run has its result. A signal as they stop waits for them:
+    raised in their wait, it lost the result (exit 130, no table), and left the replicas to end with the bench."""
+    if replicas is None:
+        return
+    _, came = run_held(replicas.close, doing="the replicas stop (up to 30 s each)")
+    if came is not None:
+        say(f"{type(came).__name__}: {came} as the replicas stopped: the steps run are the result")

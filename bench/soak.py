@@ -27,7 +27,7 @@ from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
 from .scrape import NO_ANSWER, read_metrics
-from .workers import NOT_SENT, OK, Share, WorkerPool, WorkerProcesses
+from .workers import NOT_SENT, OK, Share, WorkerPool, WorkerProcesses, run_held
 
 SCHEMA = "wok.soak/1"
 # The options' defaults with --soak; None in argparse, so that one given without --soak is seen.
@@ -199,9 +199,16 @@ class SoakRamp(Ramp):
 
     def run(self) -> dict:
         try:
-            return super().run()
-        finally:
+            result = super().run()
+        except BaseException:
             self.sampler.stop()
+            raise
+        # The soak's window has ended, its step is whole: a signal as the RSS watch takes its last sample (a scrape
+        # per server, up to 2 s each) keeps it, as one after a ramp's last step. Raised here, it lost the soak.
+        _, came = run_held(self.sampler.stop)
+        if came is not None:
+            self.late(came, "as the RSS watch stopped")
+        return result
 
 
 def _slope_per_min(t_s: np.ndarray, y: np.ndarray) -> float | None:
@@ -344,58 +351,90 @@ def _capacity_then_soak(args, cfg: RampConfig, say: Callable[[str], None], proce
     """`run_soak`'s ramps, on `processes` (started; stopped by the caller)."""
     from . import faults
 
-    duration, window, every, share = soak_values(args, cfg)
+    values = soak_values(args, cfg)
     replicas, cfg = faults.start_replicas(args, cfg, say)
-    urls = [r.metrics_url for r in replicas] if replicas is not None else [cfg.metrics_url] if cfg.metrics_url else []
     try:
-        capacity_result = capacity_ramp = None
-        if args.capacity is not None:
-            capacity, source = args.capacity, "given"
-        else:
-            say("measuring the capacity: the highest step under the SLO")
-            capacity_ramp = Ramp(cfg, say, processes=processes)
-            capacity_ramp.replicas = replicas  # its result, the run's when no soak follows, names them
-            capacity_ramp.says_late_signal = False  # "soak not started", below, says it
-            capacity_result = capacity_ramp.run()
-            capacity, source = capacity_result["max_qps_under_slo"], "measured"
-            if capacity_result["interrupted"] is not None:
-                # Its highest step under the SLO is the last one reached, not the capacity: a
-                # soak at a share of it would load the server at a rate nobody chose.
-                say("the capacity ramp was cut short: no soak")
-                return _without_soak(capacity_result)
-            if capacity_ramp.late_signal is not None:
-                # A signal as its last step waited for its end, or as its workers stopped: the ramp is
-                # whole, but the soak (minutes) is what the signal said not to start.
-                return _soak_not_run(capacity_result, f"soak not started: {capacity_ramp.late_signal}", True, say)
-            if capacity is None:  # the command line says so, and exits with its status
-                capacity_result["warnings"].append(NO_CAPACITY)
-                return _without_soak(capacity_result)
-        try:  # its start too (the payload pool, the metadata: seconds), where a signal lost the capacity ramp
-            load = share * capacity
-            # The capacity is an offered rate; a burst or a sawtooth offers another rate than the
-            # step rate that makes it, so the soak's step rate is solved for, not scaled.
-            nominal = nominal_for(cfg.arrival, load, duration)
-            shown = "" if math.isclose(nominal, load, rel_tol=1e-9) else f" offered (step rate {nominal:.4g})"
-            say(f"soak: {load:g} QPS{shown} ({100 * share:g}% of {capacity:g}) for {duration:g} s")
-            soak_cfg = replace(
-                cfg, steps=[nominal], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf
-            )
-            sampler = RssSampler(urls, every)
-            # The capacity ramp's pool: the soak's config differs from its in the steps' rates and times alone.
-            ramp = SoakRamp(soak_cfg, sampler, say, pool_of=capacity_ramp, processes=processes)
-            ramp.replicas = replicas
-            result = ramp.run()
-        except (Exception, KeyboardInterrupt) as exc:
-            if capacity_result is None:
-                raise  # nothing measured: as a ramp cut in its first step
-            # The soak is one step, so nothing of it is kept; the capacity ramp still is a result.
-            reason = f"soak ended early: {type(exc).__name__}: {exc}"
-            return _soak_not_run(capacity_result, reason, isinstance(exc, KeyboardInterrupt), say)
-    finally:
+        result = _ramps(args, cfg, say, processes, replicas, values)
+    except BaseException:
         if replicas is not None:
             replicas.close()
+        raise
+    faults.close_replicas_held(replicas, say)
+    return result
+
+
+def _ramps(args, cfg: RampConfig, say: Callable[[str], None], processes: WorkerProcesses, replicas, values) -> dict:
+    """`_capacity_then_soak`'s ramps on `replicas` (None: the target's server) with `soak_values`' `values`, and
+    their result."""
+    duration, window, every, share = values
+    urls = [r.metrics_url for r in replicas] if replicas is not None else [cfg.metrics_url] if cfg.metrics_url else []
+    capacity_result = capacity_ramp = None
+    if args.capacity is not None:
+        capacity, source = args.capacity, "given"
+    else:
+        say("measuring the capacity: the highest step under the SLO")
+        capacity_ramp = Ramp(cfg, say, processes=processes)
+        capacity_ramp.replicas = replicas  # its result, the run's when no soak follows, names them
+        capacity_ramp.says_late_signal = False  # "soak not started", below, says it
+        capacity_result = capacity_ramp.run()
+        capacity, source = capacity_result["max_qps_under_slo"], "measured"
+        if capacity_result["interrupted"] is not None:
+            # Its highest step under the SLO is the last one reached, not the capacity: a
+            # soak at a share of it would load the server at a rate nobody chose.
+            say("the capacity ramp was cut short: no soak")
+            return _without_soak(capacity_result)
+        if capacity_ramp.late_signal is not None:
+            # A signal as its last step waited for its end, or as its workers stopped: the ramp is
+            # whole, but the soak (minutes) is what the signal said not to start.
+            return _soak_not_run(capacity_result, f"soak not started: {capacity_ramp.late_signal}", True, say)
+        if capacity is None:  # the command line says so, and exits with its status
+            capacity_result["warnings"].append(NO_CAPACITY)
+            return _without_soak(capacity_result)
+    try:  # its start too (the payload pool, the metadata: seconds), where a signal lost the capacity ramp
+        load = share * capacity
+        # The capacity is an offered rate; a burst or a sawtooth offers another rate than the
+        # step rate that makes it, so the soak's step rate is solved for, not scaled.
+        nominal = nominal_for(cfg.arrival, load, duration)
+        shown = "" if math.isclose(nominal, load, rel_tol=1e-9) else f" offered (step rate {nominal:.4g})"
+        say(f"soak: {load:g} QPS{shown} ({100 * share:g}% of {capacity:g}) for {duration:g} s")
+        soak_cfg = replace(cfg, steps=[nominal], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf)
+        sampler = RssSampler(urls, every)
+        # The capacity ramp's pool: the soak's config differs from its in the steps' rates and times alone.
+        ramp = SoakRamp(soak_cfg, sampler, say, pool_of=capacity_ramp, processes=processes)
+        ramp.replicas = replicas
+        result = ramp.run()
+    except (Exception, KeyboardInterrupt) as exc:
+        if capacity_result is None:
+            raise  # nothing measured: as a ramp cut in its first step
+        # The soak is one step, so nothing of it is kept; the capacity ramp still is a result.
+        reason = f"soak ended early: {type(exc).__name__}: {exc}"
+        return _soak_not_run(capacity_result, reason, isinstance(exc, KeyboardInterrupt), say)
+    given = {"qps": capacity, "source": source, "load_share": share, "load_qps": load, "load_nominal_qps": nominal}
+    # What the soak measured is whole: a signal while its report is made keeps it, as one as a ramp's result is built.
+    result, came = run_held(
+        lambda: _with_soak(ramp, result, capacity_result, given, say, duration=duration, window=window, urls=urls)
+    )
+    if came is not None:
+        ramp.late(came, "as the soak's report was made")
+    return result
+
+
+def _with_soak(
+    ramp: SoakRamp,
+    result: dict,
+    capacity_result: dict | None,
+    capacity: dict,
+    say: Callable[[str], None],
+    *,
+    duration: float,
+    window: float,
+    urls: list[str],
+) -> dict:
+    """The soak step's `result` with its `soak` section (`capacity`: that section's, but for the capacity ramp's
+    steps), and the capacity ramp's verdicts where it ran (`capacity_result`)."""
+    sampler = ramp.sampler
     if ramp.cut is not None:
-        # Said as for a soak cut before its first send (above), but with what it measured kept.
+        # Said as for a soak cut before its first send (`_ramps`), but with what it measured kept.
         exc = ramp.cut_by
         reason = f"soak ended early: {type(exc).__name__}: {exc}"
         say(f"{reason}; the soak's {ramp.cut['at_s']:g} s measured are kept")
@@ -412,14 +451,7 @@ def _capacity_then_soak(args, cfg: RampConfig, say: Callable[[str], None], proce
     section = soak_report(
         intended, lat, codes, sampler.samples, duration_s=duration, window_s=window, urls=urls, cut=ramp.cut
     )
-    section["capacity"] = {
-        "qps": capacity,
-        "source": source,
-        "load_share": share,
-        "load_qps": load,
-        "load_nominal_qps": nominal,
-        "steps": None if capacity_result is None else capacity_result["steps"],
-    }
+    section["capacity"] = {**capacity, "steps": None if capacity_result is None else capacity_result["steps"]}
     # A one-step ramp's verdicts describe the soak step; the run's figures are the capacity's.
     result["warnings"] = [w for w in result["warnings"] if not w.startswith("every step met the SLO")]
     if capacity_result is not None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -16,11 +17,15 @@ WEB_PAGE = (b"<!DOCTYPE html><html><body>a dashboard</body></html>", "text/html"
 
 
 @contextlib.contextmanager
-def serving(body: bytes, content_type: str) -> Iterator[str]:
-    """A real HTTP server on loopback that answers every GET with `body`; yields its /metrics URL."""
+def serving(body: bytes, content_type: str, before_answer: Callable[[int], None] | None = None) -> Iterator[str]:
+    """A real HTTP server on loopback that answers every GET with `body`; yields its /metrics URL.
+    `before_answer(n)` runs before the nth GET (from 1) is answered, its caller waiting for the answer."""
+    count = itertools.count(1)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
+            if before_answer is not None:
+                before_answer(next(count))
             self.send_response(200)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
