@@ -34,9 +34,11 @@ where `buf` or what shares its memory does.
 
 What holds none of the ids' values is not followed as them: what an op makes of their shape alone (BERT's
 `token_type_ids = torch.zeros_like(ids)`, positions `.expand_as(ids)`: `_LIKE`), a comparison's 0 or 1 cast to
-integers (`emb((ids > 50).long())`: within 2 rows), the floats attention makes of a padding mask (`ids == pad` as
-src_key_padding_mask, `ids.ne(0)` as attn_mask: `_ATTENTION`, `_attends`), which reads no mask as positions. Forward's
-parameters after the inputs take their defaults, as served: HF's `if inputs_embeds is None:` looks the ids up.
+integers (`emb((ids > 50).long())`: within 2 rows), as is a choice of 0 or 1 (`torch.where(ids > 50, 1, 0)`:
+`_Walk.choose`), the floats attention makes of a padding mask (`ids == pad` as src_key_padding_mask, `ids.ne(0)` as
+attn_mask: `_ATTENTION`, `_attends`), which reads no mask as positions. But what `torch.empty(ids.shape)` leaves
+unset holds whatever its memory held: looked up, it may fail at any id, and no input has a bound (`_Walk.unset`).
+Forward's parameters after the inputs take their defaults, as served: HF's `if inputs_embeds is None:` looks the ids up.
 A python model's module, table or attention module whose call runs what torch.fx's trace does not (forward hooks, a
 forward set on it or its class: `_runs_its_class`) is not read as its class: what reaches it is not followed.
 """
@@ -44,6 +46,7 @@ forward set on it or its class: `_runs_its_class`) is not read as its class: wha
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import operator
@@ -157,6 +160,15 @@ _WITH_INDICES = frozenset({"topk", "sort", "max", "min", "kthvalue", "mode", "me
 # arguments (a fill value, a size) is followed as any op's. Not empty_like nor new_empty: what they make holds
 # whatever their memory held, and looked up fails at ids below any bound.
 _LIKE = frozenset({"zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full"})
+# Ops whose result holds whatever its memory held, no value set (`torch.empty(ids.shape, dtype=torch.long)`, what
+# `ids.new(2, 3)` makes): none of the ids' values, yet a table looked up at it may fail at any id, of any input
+# (`_Walk.unset`). With `_LIKE`, the shape-only reads: `empty_like` is read as its other ops are.
+_UNSET = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted", "new"})
+# Of _UNSET, those whose dtype is their tensor argument's where none is given; the others' is torch's default, floats.
+_UNSET_LIKE = frozenset({"empty_like", "new_empty", "new_empty_strided", "new"})
+# Ops that make a tensor of one value whatever their arguments (an id among them is read as a size): within 1 or 2
+# rows, as a choice between them is (`torch.where(ids > 50, ids.new_ones(s), ids.new_zeros(s))`: `_Walk.choose`).
+_FILLED = {"zeros_like": 1, "new_zeros": 1, "zeros": 1, "ones_like": 2, "new_ones": 2, "ones": 2}
 # Ops that read an input's shape alone, not its ids: what they make (`arange(ids.size(1))`, positions) holds none.
 _SHAPES = frozenset({"size", "sym_size", "sym_numel", "sym_stride", "numel", "dim", "len", "stride", "dtype", "device"})
 # The attributes of a tensor that torch.fx reads with getattr and that hold none of its values.
@@ -327,6 +339,8 @@ class _Walk:
         self.held: dict[str, str] = {}
         self.unbounded: dict[str, str] = {}
         self.changed: dict[str, str] = {}
+        self.every: tuple[str, ...] = ()  # the integer inputs: what an unset value (`unset`) fails at any id of
+        self.unset_hows: set[str] = set()  # the words `unset` says such a value with: no id of an input's in it
         self.found = IdRanges()
 
     def finished(self) -> IdRanges:
@@ -460,8 +474,9 @@ class _Walk:
                 self.masks.update(outs)
                 self.bools.update(outs)
             if reads or (reads is None and _bare(via) not in _NO_LOOKUP):
-                for name in merged:
-                    self.unbounded.setdefault(name, f"its ids reach {via}, which wok does not follow")
+                for name, how in merged.items():
+                    what = how.removesuffix(", which wok does not follow") if how in self.unset_hows else "its ids"
+                    self.unbounded.setdefault(name, f"{what} reach {via}, which wok does not follow")
 
     def floats(self, outs, ins, via: str) -> None:
         """`outs`, floats that op or module `via` made of `ins`: attention, where a mask made of ids (`ids == pad` as
@@ -501,6 +516,43 @@ class _Walk:
         else:
             how = f"{via} by a divisor not known at load"
         self.mixed[out] = dict.fromkeys(self.mixed[out], how)
+
+    def unset(self, outs, via: str, floats: bool) -> None:
+        """`outs`, made by op `via` (`_UNSET`), hold whatever their memory held: none of any input's ids, yet a table
+        looked up at them may fail at any id of every input (`torch.empty(ids.shape, dtype=torch.long)` as positions:
+        an id 0 fails as one past the table, and a bound published for the ids would be false). So they are made of
+        every integer input, as values not followed; `floats` (a float dtype): as a table's floats are, positions
+        only once cast (`values`), not read as positions by the layers they go through."""
+        how = f"the values {via} leaves unset (whatever its memory held)"
+        self.unset_hows.add(how)
+        made = dict.fromkeys(self.every, how)
+        for o in outs if made else ():
+            if floats:
+                self.values[o] = {**self.values.get(o, {}), **made}
+            else:
+                self.mixed[o] = {**self.mixed.get(o, {}), **made}
+
+    def filled(self, out, via: str) -> None:
+        """`out`, made by op `via` (`_FILLED`), holds one value whatever its arguments: in [0, n) (`within`)."""
+        self.within[out] = (_FILLED[_bare(via)], f"{via}'s filled value")
+
+    def choose(self, out, via: str, ways: list) -> None:
+        """`out`, made by op `via` (`torch.where(cond, a, b)`) of one of `ways`' values at each place: a value of
+        the graph, or a python number. Where each is within a bound (`within`, a bool's 0 or 1, a number of at
+        least 0), so is `out`, within the largest (`torch.where(ids > 50, 1, 0)`: 0 or 1, a 2-row table's), the
+        condition read as no position; else it is what `derive` made it."""
+        bounds = []
+        for way in ways:
+            if isinstance(way, (bool, int)):
+                bounds.append(int(way) + 1 if way >= 0 else None)
+            elif isinstance(way, (torch.fx.Node, torch._C.Value)) and way in self.within:
+                bounds.append(self.within[way][0])
+            elif isinstance(way, (torch.fx.Node, torch._C.Value)) and way in self.bools:
+                bounds.append(2)
+            else:  # a float, a value not known to be within one
+                bounds.append(None)
+        if bounds and None not in bounds:
+            self.within[out] = (max(bounds), f"{via} of values below {max(bounds)}")
 
     def positions(self, outs, index, via: str) -> None:
         """`outs`, rows of a tensor wok does not size (a computed one, or along another dim) taken by op `via` at the
@@ -666,6 +718,7 @@ def id_ranges(model, order: list[str], dtypes: dict[str, torch.dtype]) -> IdRang
     takes them (its forward's, or its program's); `dtypes`: by integer input, its torch dtype (others are left
     out). Nothing of the model runs, but a python module's forward, traced by torch.fx on a copy."""
     walk = _Walk()
+    walk.every = tuple(dtypes)
     if isinstance(model, torch.export.ExportedProgram):
         _walk_program(walk, model, order, dtypes)
     elif isinstance(model, torch.jit.ScriptModule):
@@ -763,6 +816,9 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
         else:
             first = node.args[0] if node.args else None
             walk.derive([node], _values_read(op, ins, first, _fx_nodes([node.args[1:], node.kwargs])), op)
+            _made(walk, node, op, functools.partial(_floats, _fx_val_dtype(node)))
+            if _bare(op) == "where" and len(node.args) == 3:
+                walk.choose(node, op, [_schema_arg(node, "self"), _schema_arg(node, "other")])
             if op == "aten::remainder" and len(node.args) == 2:
                 # The trace's dtypes are the graph's own: a float's `% n` is not within n (`_Walk.remainder`).
                 walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]), op)
@@ -796,6 +852,21 @@ def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
                 walk.in_place(target, _written_by(op, name), ins)
     if changed or filled or _bare(op) not in _FRESH:
         walk.share(node, ins)
+
+
+def _made(walk: _Walk, out, op: str, floats, into: bool = False) -> None:
+    """What op `op` not followed as ids made of its arguments' shapes alone, in any form: `out` unset (`_UNSET`;
+    floats where `floats()` says so) or filled with one value (`_FILLED`), where it writes into no tensor given
+    (`into`)."""
+    if _bare(op) in _UNSET:
+        walk.unset([out], op, floats())
+    elif _bare(op) in _FILLED and not into and not _is_in_place(op):
+        walk.filled(out, op)
+
+
+def _floats(dtype: torch.dtype | None) -> bool:
+    """Whether a dtype is known to be a float's (or a complex's), which no id is."""
+    return dtype is not None and (dtype.is_floating_point or dtype.is_complex)
 
 
 def _shape_read(op: str, others: list) -> list:
@@ -1025,6 +1096,10 @@ class _Script:
             tensors = [v for v in ins if isinstance(v.type(), torch._C.TensorType)]
             others = [self.constant(v) for v in ins if v not in tensors]
             walk.mask_op(outs[0], kind, tensors, others, into=_writes_out(node))
+        if outs:
+            _made(walk, outs[0], kind, lambda: self.unset_floats(node, kind), into=_writes_out(node))
+        if _bare(kind) == "where" and len(ins) == 3 and not _writes_out(node):
+            walk.choose(outs[0], kind, [self.way(node.namedInput(n)) for n in ("self", "other")])
         if kind == "aten::remainder" and len(ins) == 2:
             walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]), kind)
         # A table's floats made integers: an op's (`_INDICES_OF`, `_WITH_INDICES`' indices) or any int (`math.floor`).
@@ -1048,6 +1123,21 @@ class _Script:
         if changed or filled or _bare(kind) not in _FRESH:
             for out in outs:
                 self.walk.share(out, ins)
+
+    def unset_floats(self, node, kind: str) -> bool:
+        """Whether an op of `_UNSET` makes floats: its dtype given, or where none is, torch's default (floats) but for
+        those of `_UNSET_LIKE`, whose tensor's dtype is not known to be floats. A dtype not read: not floats."""
+        dtype, read = _script_dtype(node)
+        if dtype is None:
+            return read and _bare(kind) not in _UNSET_LIKE
+        return read and _floats(dtype)
+
+    def way(self, value):
+        """One of `torch.where`'s values as `_Walk.choose` takes it: a tensor of the graph, or a constant's value."""
+        if isinstance(value.type(), torch._C.TensorType):
+            return value
+        held = self.constant(value)
+        return None if held is _UNKNOWN else held
 
     def integer_arg(self, value):
         """An op's argument as `_Walk.integer_op` takes it: a tensor's integer dtype, `int` for an int constant."""
@@ -1132,12 +1222,10 @@ def _written_by(op: str, arg: str) -> str:
 
 
 def _writes_out(node) -> bool:
-    """Whether a TorchScript op writes its result into a tensor given as `out=` (`aten::ne.Scalar_out`)."""
-    try:
-        node.namedInput("out")
-    except RuntimeError:  # no such argument
-        return False
-    return True
+    """Whether a TorchScript op writes its result into a tensor given as `out=` (`aten::ne.Scalar_out`). Read from
+    its schema: `node.namedInput("out")` raising for the others cost ~0.8 ms a node (an encoder's 3,000: seconds)."""
+    schema = _script_schema(node)
+    return schema is not None and any(arg.name == "out" for arg in schema.arguments)
 
 
 def _inner(blocks) -> list:
@@ -1437,6 +1525,12 @@ def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -
         tensors = [a for a in given if isinstance(a, torch.fx.Node)]
         others = [a for a in given if not isinstance(a, torch.fx.Node)]
         walk.mask_op(node, name or shown, tensors, others, into=into)
+    if name is not None:
+        _made(walk, node, name, lambda: _fx_unset_floats(node, name), into=into)
+    if name == "where" and not into and len(args) + len(node.kwargs) == 3:
+        # `torch.where(condition, input, other)`; the method's tensor is its input: `x.where(condition, other)`.
+        method = node.op == "call_method" or target is torch.Tensor.where
+        walk.choose(node, name, [args[0] if method else _fx_arg(node, 1, "input"), _fx_arg(node, 2, "other")])
     # Not with out= (`_fx_call`): `torch.remainder(ids, 100, out=buf); buf.add_(60)` of a `buf` forward made of
     # constants holds ids past 100, and the graph has no add_. TorchScript's remainder with out= is not followed either.
     if (target is operator.mod or name == "remainder") and len(args) == 2 and not into:
@@ -1452,6 +1546,15 @@ def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -
     # (`ids.cpu()`, `ids += 1`) may be its argument.
     if written or not known or _bare(name or shown) not in _FRESH:
         walk.share(node, ins)
+
+
+def _fx_unset_floats(node, name: str) -> bool:
+    """Whether an op of `_UNSET` called in an fx graph makes floats (`_Script.unset_floats`): its dtype given, or
+    torch's default, but for those of `_UNSET_LIKE`, whose tensor's dtype is not known."""
+    given = node.kwargs.get("dtype")
+    if isinstance(given, torch.dtype):
+        return _floats(given)
+    return given is None and _bare(name) not in _UNSET_LIKE
 
 
 def _py_operator(target) -> bool:
