@@ -748,10 +748,34 @@ class WokServer:
                 self._give_up(ends, pending, when)
                 for end in ends.keys() - pending:
                     end.exception()
+            else:
+                # Left to the next stop, which shuts the executors down again and waits on ends of its own: one
+                # failing, now or once its thread ends, went unsaid (or asyncio's "Future exception was never
+                # retrieved"), the next shutdown of the same executor succeeding.
+                for end, (name, _) in ends.items():
+                    end.add_done_callback(functools.partial(self._shutdown_ended, name))
             raise
         self._give_up(ends, pending, when)
-        for end in done:
-            end.result()
+        # Every failure read, in the models' order: the first raised (the step's failure, said by the stop), the
+        # others said here. One raised alone left the rest unsaid, or to asyncio's "never retrieved".
+        failures = [(name, end.exception()) for end, (name, _) in ends.items() if end in done]
+        failures = [(name, exc) for name, exc in failures if exc is not None]
+        for name, exc in failures[1:]:
+            log.error("stopping: model '%s': its executor's shutdown failed; the stop goes on", name, exc_info=exc)
+        if failures:
+            raise failures[0][1]
+
+    def _shutdown_ended(self, name: str, end: asyncio.Future) -> None:
+        """The end of model `name`'s executor shutdown that a cancelled stop left: a failure is said and fails the
+        stop that finishes this one (as a drain's does)."""
+        if end.cancelled() or end.exception() is None:
+            return
+        log.error(
+            "stopping: model '%s': its executor's shutdown failed, after the stop that waited for it was cancelled",
+            name,
+            exc_info=end.exception(),
+        )
+        self._stop_failures.append(end.exception())
 
     def _give_up(self, ends: dict, pending: set, when: str) -> None:
         """_shutdown_within's end: the models whose shutdown's `end` is `pending` are logged and given up on; the
@@ -806,9 +830,6 @@ def _shutdown_on_own_thread(
     waiting on a stuck batch must not hold the interpreter's exit.
     """
     end = loop.create_future()
-    # Read whoever gets it: a stop cancelled in its wait for `end` leaves it to no one (the next stop waits on ends
-    # of its own), and a shutdown failing after was logged as "Future exception was never retrieved".
-    end.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def settle(exc: BaseException | None) -> None:
         if end.done():  # the stop gave up on it

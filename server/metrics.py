@@ -254,6 +254,7 @@ class WokMetrics:
         # ramp --metrics-url auto`) can tell whose /metrics it reads. None: no series.
         self.grpc_port: int | None = None
         registry.register(self)
+        self._registered = True
 
     def model(self, name: str, instances: int) -> ModelMetrics:
         m = self.models.get(name)
@@ -274,9 +275,16 @@ class WokMetrics:
         self.unhandled_calls[name] = self.unhandled_calls.get(name, 0) + 1
 
     def close(self) -> None:
-        self.registry.unregister(self)
-        if self._gpu is not None:
-            self._gpu.close()
+        """Unregistered and NVML let go, each once: a stop interrupted (a KeyboardInterrupt) after this ran, before
+        it recorded the step, runs it again; the registry's KeyError then failed that stop, and a second
+        nvmlShutdown took back another user's NVML init. Each part's mark is set before it runs: an interrupt
+        between the two leaves that part undone, which the process's end undoes."""
+        if self._registered:
+            self._registered = False
+            self.registry.unregister(self)
+        gpu, self._gpu = self._gpu, None
+        if gpu is not None:
+            gpu.close()
 
     def describe(self) -> list[Metric]:
         # Registration checks names against describe(); an empty list skips that work.

@@ -487,6 +487,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         # serving it after this one's stop closed them would log each failure at once, with no rate limit.
         for failures in self._servable_failure_logs():
             failures.open()
+        # The logs this service opened and has not closed yet, its own (_failures, added as each is made) and its
+        # models': closed once each by close_failure_logs, in this order.
+        self._unclosed: tuple[list[TracebackLog], list[TracebackLog]] = ([], self._servable_failure_logs())
 
     def failure_log(self, model: str) -> TracebackLog:
         """The log of the requests for `model` whose handler an unexpected error (no WokError: a bug) ended: by
@@ -497,15 +500,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             subject = f"requests for model '{model}'" if key is not None else "requests for models not served"
             failures = self._failures[key] = TracebackLog(log, logging.ERROR, f"{subject} failed", "failed requests")
             failures.open()  # this server's own, closed by its stop (close_failure_logs)
+            self._unclosed[0].append(failures)
         return failures
 
     def close_failure_logs(self) -> None:
         """At the stop, once no request is handled: tell the failures held in a window (the handlers', each model's
         check's and batch_key's) and leave no timer on the loop."""
-        for failures in self._failures.values():
-            failures.close()
-        for failures in self._servable_failure_logs():
-            failures.close()
+        # Each closed once: a stop interrupted (a KeyboardInterrupt) after some were closed runs this again, and a
+        # servable's log closed twice was closed for another server still serving with it (its failures then logged
+        # each at once), a log closed more than opened raising. Taken off the list before its close: an interrupt
+        # between the two leaves it counted open, rate-limited as while served.
+        for logs in self._unclosed:
+            while logs:
+                logs.pop(0).close()
 
     def _servable_failure_logs(self) -> list[TracebackLog]:
         logs = []

@@ -286,6 +286,85 @@ async def test_a_servable_two_servers_serve_stays_rate_limited_on_the_one_left_w
     assert len(check_lines(caplog)) == 4
 
 
+class _InterruptsTheStopsLine(logging.Handler):
+    """Raises a KeyboardInterrupt (a Ctrl-C under a plain run_until_complete) once, as a stop tells what a log held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fired = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.fired and record.getMessage().endswith(("as the server stops", "(counted in all of them)")):
+            self.fired = True
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_stop_interrupted_as_it_tells_a_logs_held_failures_is_finished_closing_each_log_once(servers, caplog):
+    # The next stop finishes a stop left partway (a KeyboardInterrupt in a step): it ran the logs' close again,
+    # closing the log already closed a second time, which raised RuntimeError (the stop failed, the batch_key's log
+    # left open) or, with a second server still serving the servable, took that server's count: it logged each
+    # failure at once.
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    s, failures, line = _hook_failing("check")
+    now = [0.0]
+    failures.throttle.clock = lambda: now[0]
+    loop = asyncio.new_event_loop()
+    interrupts = _InterruptsTheStopsLine()
+    started = []
+
+    async def start() -> WokServer:
+        server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([s], "test"))
+        await server.start()
+        started.append(server)
+        return server
+
+    async def burst(server: WokServer, n: int) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            await _burst(pb_grpc.GRPCInferenceServiceStub(ch), n)
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            other = loop.run_until_complete(start()) if servers == 2 else None
+            server = loop.run_until_complete(start())
+            loop.run_until_complete(burst(server, 3))
+            logging.getLogger("wok").addHandler(interrupts)
+            with pytest.raises(KeyboardInterrupt):
+                loop.run_until_complete(server.stop(grace=5.0))
+            assert interrupts.fired
+            loop.run_until_complete(server.stop(grace=5.0))  # raised RuntimeError: the check's log closed twice
+            # The first line only: the one the interrupt cut never reached the root logger.
+            assert [r.getMessage() for r in check_lines(caplog)] == [line]
+            if other is not None:  # still rate-limited: the window's failures held, none logged
+                loop.run_until_complete(burst(other, 3))
+                assert [r.getMessage() for r in check_lines(caplog)] == [line]
+                loop.run_until_complete(other.stop(grace=5.0))
+                assert [r.getMessage() for r in check_lines(caplog)] == [
+                    line,
+                    f"{line} 3 more times since the last logged (ValueError: 3), as the server stops",
+                ]
+            caplog.clear()
+            # Every log closed by its last server: a failure now is logged at once, each with its traceback.
+            for _ in range(2):
+                with pytest.raises(CheckFailed):
+                    s.check({"INPUT0": np.full((1, 4), BAD, np.float32)})
+                s.batch_key_failed(ValueError("a bug in the batch key"))
+            lines = check_lines(caplog)
+            assert [r.getMessage().split(" (")[0] for r in lines] == [
+                "model 'own': its check",
+                "model 'own': its batch_key",
+            ] * 2
+            assert all(isinstance(r.exc_info[1], ValueError) for r in lines)
+    finally:
+        logging.getLogger("wok").removeHandler(interrupts)
+        for server in started:
+            loop.run_until_complete(server.stop(grace=5.0))
+        loop.close()
+
+
 # A BaseException a Servable's own check raises by the request's value (INPUT0's), on the event loop: the check's own.
 RAISED = {
     5: KeyboardInterrupt("ki"),

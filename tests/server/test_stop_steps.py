@@ -556,9 +556,13 @@ def test_a_stop_left_by_an_interrupt_in_a_step_tells_of_its_batch_and_is_finishe
         loop.close()
 
 
-async def test_a_shutdown_failing_after_its_stop_was_cancelled_in_the_executors_wait_is_read(gated_model, monkeypatch):
+async def test_a_shutdown_failing_after_its_stop_was_cancelled_in_the_executors_wait_is_said_and_fails_the_next(
+    gated_model, monkeypatch, caplog
+):
     """A stop cancelled in its wait for the executors' shutdowns left their `end` futures to no one (the next stop
-    waits on ends of its own): one whose shutdown then failed was logged as "Future exception was never retrieved"."""
+    waits on ends of its own): one whose shutdown then failed was logged as "Future exception was never retrieved";
+    then (fd2170d) read by a callback and said nowhere, the next stop's own shutdown succeeding. Now said, naming
+    the model, and the next stop fails with it, as with a drain's failure."""
     import gc
 
     from wok import app
@@ -591,6 +595,7 @@ async def test_a_shutdown_failing_after_its_stop_was_cancelled_in_the_executors_
     monkeypatch.setattr(executor, "shutdown", shutdown)
     monkeypatch.setattr(app, "_shutdown_on_own_thread", on_own_thread)
     loop = asyncio.get_running_loop()
+    caplog.set_level(logging.ERROR, logger="wok")
     unretrieved = []
     default_handler = loop.get_exception_handler()
     loop.set_exception_handler(lambda loop, context: unretrieved.append(context["message"]))
@@ -614,6 +619,99 @@ async def test_a_shutdown_failing_after_its_stop_was_cancelled_in_the_executors_
     finally:
         loop.set_exception_handler(default_handler)
         release.set()
-    await asyncio.wait_for(server.stop(grace=5.0), 30)
+    with pytest.raises(RuntimeError, match=r"^test: the executor's shutdown failed$") as raised:
+        await asyncio.wait_for(server.stop(grace=5.0), 30)
     assert calls == [1, 2]
+    assert all(executor_ended(inst) for inst in instances(server))
+    (said,) = logged(caplog, raised.value)
+    assert said.getMessage() == (
+        "stopping: model 'gated': its executor's shutdown failed, after the stop that waited for it was cancelled"
+    )
+
+
+class _InterruptedAfter(set):
+    """A stop's `_stop_done` whose marking of step `what` raises a KeyboardInterrupt, once: the step ran to its end,
+    and a Ctrl-C landed before the stop recorded it (a signal's KeyboardInterrupt comes at any line)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what, self.raised = what, False
+
+    def add(self, what: str) -> None:
+        if what == self.what and not self.raised:
+            self.raised = True
+            raise KeyboardInterrupt
+        super().add(what)
+
+
+def test_a_stop_interrupted_after_a_step_ran_runs_it_again_harmlessly(gated_model, caplog, monkeypatch):
+    """The next stop runs again a step that an interrupt left unrecorded (fd2170d): one that had run to its end ran
+    twice. The metrics' close unregistered from the registry again (KeyError: the stop failed, status 1 in `wok serve`),
+    and the failure logs' close closed the servable's check and batch_key logs again, for another server still serving
+    with them (its failures then logged each at once, with no rate limit), and the server's own logs again (since
+    a6efd4e a RuntimeError: the stop failed). Each step in turn: the next stop ends as an uninterrupted one, and the
+    other server's logs stay open."""
+    servable, _ = gated_model(max_batch_size=1, delay_ms=1.0)
+    monkeypatch.setenv("WOK_TEST_TOKEN", "t" * 32)
+    # Every part that has a step of its own.
+    settings = server_settings(
+        grpc_port=0, metrics_port=0, health_port=0, admin=True, auth_token_env="WOK_TEST_TOKEN", drain_wakeups=True
+    )
+    loop = asyncio.new_event_loop()
+    caplog.set_level(logging.ERROR, logger="wok")
+    other = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    try:
+        loop.run_until_complete(other.start())
+        server = WokServer(settings, ModelRepository([servable], "test"))
+        loop.run_until_complete(server.start())
+        loop.run_until_complete(server.stop(grace=2.0))
+        steps = sorted(server._stop_done)  # those an uninterrupted stop runs
+        assert len(steps) == 16, steps
+        for what in steps:
+            server = WokServer(settings, ModelRepository([servable], "test"))
+            loop.run_until_complete(server.start())
+            port, http_port = server.port, server.http.port
+            own = server.service.failure_log(servable.name)  # as the first request a handler's bug failed makes it
+            server._stop_done = _InterruptedAfter(what)
+            with pytest.raises(KeyboardInterrupt):
+                loop.run_until_complete(server.stop(grace=2.0))
+            assert server._stop_done.raised, what
+            loop.run_until_complete(asyncio.wait_for(server.stop(grace=2.0), 30))
+            assert [r.getMessage() for r in caplog.records] == [], what
+            assert sorted(server._stop_done) == steps, what
+            assert bind_error("127.0.0.1", port) is None, what
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", http_port), timeout=5).close()
+            assert not [m.name for m in server.registry.collect() if m.name.startswith("wok_")], what
+            assert all(executor_ended(inst) for inst in instances(server)), what
+            # The other server's: still open, its failures rate-limited. The server's own: closed.
+            assert (servable.batch_key_failures._opened, servable.batch_key_failures._closed) == (1, False), what
+            assert (own._opened, own._closed) == (0, True), what
+    finally:
+        loop.run_until_complete(other.stop(grace=2.0))
+        loop.close()
+
+
+async def test_each_models_failed_executor_shutdown_is_said(gated_model, monkeypatch, caplog):
+    """The executors' step raised the first failed shutdown and left the others' unread: "Future exception was never
+    retrieved" from asyncio, then (fd2170d) read by a callback and said nowhere. Each is said, naming its model."""
+    (first, _), (second, _) = (gated_model(max_batch_size=1, delay_ms=1.0, name=name) for name in ("a", "b"))
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([first, second], "test"))
+    await server.start()
+    for name in ("a", "b"):
+        executor = server.runtime(name).executor
+
+        def failing(real=executor.shutdown, name=name) -> None:
+            real()
+            raise RuntimeError(f"test: model {name}'s shutdown failed")
+
+        monkeypatch.setattr(executor, "shutdown", failing)
+    caplog.set_level(logging.ERROR, logger="wok")
+    with pytest.raises(RuntimeError, match=r"^test: model a's shutdown failed$"):
+        await server.stop(grace=5.0)
+    said = [(r.getMessage(), str(r.exc_info[1])) for r in caplog.records]
+    assert said == [
+        (f"stopping: model 'b': its executor's shutdown {FAILED}", "test: model b's shutdown failed"),
+        (f"stopping: the executors' shutdown {FAILED}", "test: model a's shutdown failed"),  # the step's, raised
+    ]
     assert all(executor_ended(inst) for inst in instances(server))
