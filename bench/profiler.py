@@ -287,6 +287,9 @@ def _parameter_storages(module: torch.nn.Module) -> dict[int, int]:
 # torch._dynamo: ~1.2 s, a fifth of a short `wok profile`. The wrap keeps dynamo from compiling the mode's own frames,
 # and only a loaded dynamo compiles anything, so where torch._dynamo is not loaded the counting pass runs the same
 # modes unwrapped (`__wrapped__`: the function as written); where it is (a model that compiles), as torch made them.
+# A model can load dynamo during the pass (an eager torch.cond compiles; a torch.compile first called then): dynamo
+# then traces the unwrapped modes' frames (torch.cond failed, "Unsupported: missing tp_iter"), so `count_work` counts
+# such a pass again with torch's modes.
 # Private parts of torch (2.13): a torch without them (pyproject allows 2.4 on) counts with the modes as torch makes
 # them, the import's cost paid.
 try:
@@ -326,15 +329,30 @@ if _QUIET:
             return self
 
 
-def _counting_modes(params: dict[int, int], work: WorkCount) -> tuple[_WorkMode, FlopCounterMode]:
-    """The byte-counting mode and the FLOP counter of one counting pass (see above for which)."""
-    if not _QUIET or "torch._dynamo" in sys.modules:
-        return _WorkMode(params, work), FlopCounterMode(display=False)
-    return _QuietWorkMode(params, work), _QuietFlopCounter(display=False)
+def _dynamo_loaded() -> bool:
+    return "torch._dynamo" in sys.modules
 
 
 def count_work(servable: Servable, device: torch.device, requests: Sequence[dict[str, np.ndarray]]) -> WorkCount:
     """FLOPs and bytes of one forward pass over `requests` (one batch), on `device`."""
+    if _QUIET and not _dynamo_loaded():
+        try:
+            work = _count_pass(servable, device, requests, quiet=True)
+        except Exception:
+            if not _dynamo_loaded():
+                raise
+        else:
+            if not _dynamo_loaded():
+                return work
+        # The model loaded dynamo in the pass (see above): its result, or its failure, may be dynamo's tracing of the
+        # quiet modes.
+    return _count_pass(servable, device, requests, quiet=False)
+
+
+def _count_pass(
+    servable: Servable, device: torch.device, requests: Sequence[dict[str, np.ndarray]], *, quiet: bool
+) -> WorkCount:
+    """`count_work`'s pass, with the quiet modes or torch's."""
     module = servable.module_for(device)
     rows = sum(next(iter(r.values())).shape[0] for r in requests)
     host = servable.assemble(requests, rows, HostBuffers(pinned=False))
@@ -347,7 +365,11 @@ def count_work(servable: Servable, device: torch.device, requests: Sequence[dict
     try:
         # no_grad, not inference_mode: under inference_mode and FlopCounterMode TorchScript's aten::numel
         # raises a RuntimeError with no message (torch 2.13), and nn.EmbeddingBag's forward reads numel().
-        mode, counter = _counting_modes(_parameter_storages(module), work)
+        params = _parameter_storages(module)
+        if quiet:
+            mode, counter = _QuietWorkMode(params, work), _QuietFlopCounter(display=False)
+        else:
+            mode, counter = _WorkMode(params, work), FlopCounterMode(display=False)
         with torch.no_grad(), mode, counter:
             try:
                 servable.forward(module, tensors)

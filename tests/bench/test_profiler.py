@@ -132,13 +132,48 @@ def test_recsys_is_memory_bound_at_every_batch_size(sizes):
         assert classify(work.flops / work.bytes) == "memory-bound", (n, work)
 
 
-# The demo models' counts (`_demo_counts`) from a fresh interpreter, and whether counting them loaded torch._dynamo.
-DEMO_COUNTS = """
+# Counted in a fresh interpreter (`_fresh_counts`): the demo models' counts with torch._dynamo not loaded, whether
+# counting them loaded it, the counts of a model whose forward loads it (an eager torch.cond), then, dynamo loaded,
+# both again: with the modes as torch wraps them.
+FRESH_COUNTS = """
 import json, sys
-from tests.bench.test_profiler import _demo_counts
-counts = _demo_counts()
-print(json.dumps({"dynamo_loaded_by_counting": "torch._dynamo" in sys.modules, "counts": counts}))
+from pathlib import Path
+from tests.bench.test_profiler import _demo_counts, _work
+from wok.repository import load_servable
+import numpy as np
+cond = load_servable(Path(sys.argv[1]))
+requests = [{"INPUT0": np.full((1, 4), v, np.float32)} for v in (1.0, -2.0)]
+got = {"quiet": _demo_counts()}
+got["dynamo_loaded_by_counting"] = "torch._dynamo" in sys.modules
+got["cond_loading_dynamo"] = _work(cond, requests)
+got["dynamo_loaded_by_cond"] = "torch._dynamo" in sys.modules
+got["torchs"], got["cond"] = _demo_counts(), _work(cond, requests)
+print(json.dumps(got))
 """
+
+COND_MODEL = """
+import torch
+from torch import nn
+
+
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        # An eager torch.cond compiles its branches (torch.compile), importing torch._dynamo at its first call.
+        return torch.cond(x.sum() > 0, lambda t: self.lin(t), lambda t: self.lin(self.lin(t)), (x,))
+
+
+def build(**parameters):
+    return Branches()
+"""
+
+
+def _work(servable, requests) -> dict:
+    work = asdict(count_work(servable, CPU, requests))
+    return {**work, "uncounted_ops": sorted(work["uncounted_ops"])}
 
 
 def _demo_counts() -> dict[str, dict]:
@@ -147,27 +182,30 @@ def _demo_counts() -> dict[str, dict]:
         servable = build_demo(name)
         pool = request_pool(servable, ProfileConfig(batch_sizes=[1, 2], sizes=sizes, seed=5), 5)
         for n in (1, 5):
-            work = asdict(count_work(servable, CPU, pool[:n]))
-            out[f"{name} {sizes} {n}"] = {**work, "uncounted_ops": sorted(work["uncounted_ops"])}
+            out[f"{name} {sizes} {n}"] = _work(servable, pool[:n])
     return out
 
 
-def test_counting_imports_no_dynamo_and_counts_as_torchs_flop_counter():
+def test_counting_imports_no_dynamo_and_counts_as_torchs_flop_counter(tmp_path):
     """FlopCounterMode's __torch_dispatch__ (and any TorchDispatchMode's, _WorkMode's too) is wrapped in
     torch._disable_dynamo, whose first call imported torch._dynamo: ~1.2 s of every `wok profile` (4.6 s → 3.2 s for
     a short one). Without dynamo loaded the pass runs the same modes unwrapped; its counts are those of the modes as
-    torch wraps them, which count here, once dynamo is loaded (as where a model compiles)."""
+    torch wraps them, which count once dynamo is loaded (as where a model compiles). A model that loads dynamo in the
+    pass had dynamo trace the unwrapped modes: an eager torch.cond failed ("Unsupported: missing tp_iter"); such a
+    pass is counted again with torch's modes. All in a fresh interpreter: importing dynamo here would leave this
+    worker's later tests counting with torch's modes only."""
     import subprocess
     import sys
 
-    import torch._dynamo  # noqa: F401
-
-    run = subprocess.run([sys.executable, "-c", DEMO_COUNTS], capture_output=True, text=True, cwd=ROOT)
+    folder = write_python_model(tmp_path / "cond", COND_MODEL, 4)
+    run = subprocess.run([sys.executable, "-c", FRESH_COUNTS, str(folder)], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
-    assert got["dynamo_loaded_by_counting"] is False
-    assert len(got["counts"]) == 6 and all(w["flops_counter"] > 0 for w in got["counts"].values())
-    assert got["counts"] == _demo_counts()
+    assert (got["dynamo_loaded_by_counting"], got["dynamo_loaded_by_cond"]) == (False, True)
+    assert len(got["quiet"]) == 6 and all(w["flops_counter"] > 0 for w in got["quiet"].values())
+    assert got["quiet"] == got["torchs"]
+    # FlopCounterMode counts a cond's larger branch: the false one's two Linear(4, 4) on 2 rows, 2·2·4·4 FLOPs each.
+    assert got["cond_loading_dynamo"] == got["cond"] and got["cond"]["flops_counter"] == 2 * 2 * 2 * 4 * 4
 
 
 # ---------------------------------------------------------------------------- sizes that vary
