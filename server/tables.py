@@ -1112,10 +1112,13 @@ class _Script:
     def writes(self, node, kind: str, ins: list, outs: list) -> None:
         """What an op not followed writes, read from its schema (a prim node has none: an in-place op by its name): a
         tensor it changes in place (`ids.sub_(1)`, `out=`, a list's tensors), a container it puts its other
-        arguments in (`l.append(ids)`); and its result, where it may be (a view of) an argument (`_FRESH`: `l[0]`
+        arguments in (`l.append(ids)`, a module `self.cache = t` sets, whose attributes read after may be `t`:
+        `self.cache.add_(5)` changes it); and its result, where it may be (a view of) an argument (`_FRESH`: `l[0]`
         of `l = [ids]`, a prim node's, `ids.cpu()`)."""
         schema = _script_schema(node)
         changed, filled = _effects(schema) if schema is not None else (["self"] if _is_in_place(kind) else [], [])
+        if kind == "prim::SetAttr":
+            self.walk.share(ins[0], ins)
         for name in filled:
             self.walk.share(node.namedInput(name), ins)
         for name in changed:

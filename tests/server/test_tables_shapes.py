@@ -202,6 +202,36 @@ def test_a_choice_between_0_and_1_is_within_two_rows():
             assert (found.bounds, found.rows) == ({}, {"ids": V}), (cls.__name__, kind)
 
 
+class ChosenCached(Chosen):
+    """The zeros chosen are kept as a module attribute, changed in place through it: 5 where ids pass 50."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = torch.zeros(1, dtype=torch.long)
+
+    def forward(self, ids):
+        zeros = torch.zeros_like(ids)
+        self.cache = zeros
+        self.cache.add_(5)
+        return (self.tok(ids) + self.flag(torch.where(ids > 50, zeros, 1))).sum(1)
+
+
+def test_a_choice_changed_through_a_module_attribute_is_not_within_two_rows(tmp_path):
+    """TorchScript's `self.cache = zeros; self.cache.add_(5)` changes `zeros` through the attribute read back: the
+    choice was still taken for 0 or 1, a bound of 100 published, where ids 51 fail at the 2-row table."""
+    servable = _loaded(tmp_path / "cached", ChosenCached())
+    executor = Executor(servable, servable.config.instances)
+    try:
+        executor.instances[0].submit([{"ids": np.full((2, 5), 50, dtype=np.int64)}], [2], 0).result(30)
+        with pytest.raises(ModelExecutionError, match="index out of range"):
+            executor.instances[0].submit([{"ids": np.full((2, 5), 51, dtype=np.int64)}], [2], 0).result(30)
+    finally:
+        executor.shutdown()
+    assert (dict(servable.id_bounds), dict(servable.id_ranges)) == ({}, {"ids": V}), servable.id_bounds
+    found = id_ranges(ChosenCached().eval(), ["ids"], I64)  # torch.fx traces the attribute as `zeros` itself
+    assert (found.bounds, found.rows) == ({}, {"ids": V}), found.unpublished
+
+
 class IntegerMask(nn.Module):
     def __init__(self) -> None:
         super().__init__()
