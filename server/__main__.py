@@ -28,11 +28,11 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
 
 # gRPC's environment (GRPC_VERBOSITY, GRPC_ENABLE_FORK_SUPPORT) is the command's to set, in wok.entry before
 # grpc loads, not this module's import: importing it as a library would keep them for the whole process.
 from .cliargs import ArgumentParser, one_line
+from .entry import leave
 from .errors import ConfigError, InterruptedWorkLeft, WarmupError, error_line, quoted_name
 from .numerals import digits_note, read_float, read_int
 
@@ -536,7 +536,7 @@ class _StopSignal:
 
     def _on_signal(self, signum: int, frame=None) -> None:
         if self.status is not None:  # the process is on its way out, its status decided
-            self._leave()
+            leave(self.status)
         if self.received is not None:
             if signum == signal.SIGHUP:  # a hangup again, not an operator: see the class
                 return
@@ -580,14 +580,6 @@ class _StopSignal:
         self.stopped(status)
         for sig in self._before:
             signal.signal(sig, self._on_signal)
-
-    def _leave(self) -> NoReturn:
-        for stream in (sys.stdout, sys.stderr):  # block-buffered into a pipe: written before the exit
-            try:
-                stream.flush()
-            except (OSError, ValueError, RuntimeError):  # closed, or a write the signal interrupted
-                pass
-        os._exit(self.status)
 
 
 # The option each server setting comes from, for the settings' refusals: "--port: ..." rather than

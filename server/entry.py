@@ -93,7 +93,7 @@ class _ExitSignals:
         for s in armed:
             signal.signal(s, self._leave)  # a Python handler: what has the signal written to the wakeup fd
         self.armed = armed
-        self._flush()  # block-buffered into a pipe, the output waited for the joins
+        _flush()  # block-buffered into a pipe, the output waited for the joins
         if not armed:
             return
         woken, wake = os.pipe()
@@ -106,8 +106,7 @@ class _ExitSignals:
         self._leave()
 
     def _leave(self, _signum=None, _frame=None) -> None:
-        self._flush()
-        os._exit(self.status or 0)  # None: 0, as sys.exit takes it
+        leave(self.status or 0)  # None: 0, as sys.exit takes it
 
     def teardown(self) -> None:
         import signal
@@ -119,10 +118,17 @@ class _ExitSignals:
             if callable(signal.getsignal(s)):
                 signal.signal(s, signal.SIG_IGN)
 
-    @staticmethod
-    def _flush() -> None:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError, RuntimeError):  # closed (`wok … | head`), or a write it interrupted
-                pass
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, RuntimeError):  # closed (`wok … | head`), or a write it interrupted
+            pass
+
+
+def leave(status: int) -> None:
+    """Out at once with `status` (it never returns), the output flushed first (block-buffered into a pipe): past the
+    joins of Python's exit, which a thread left running holds (`_ExitSignals`; `wok serve`'s signals after its stop)."""
+    _flush()
+    os._exit(status)
