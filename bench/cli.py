@@ -1535,9 +1535,11 @@ def run_plan(args) -> int:
     else:
         if args.batch_size is None:
             raise ValueError("--batch-size is needed with --t-batch, --alpha/--beta and --profile")
-        n = plan.exact(args.batch_size, "--batch-size")
+        n = plan.exact(args.batch_size, "--batch-size", positive=True)
         if args.t_batch is not None:
-            batch = plan.batch_given(plan.exact_duration(args.t_batch, "--t-batch"), n, names=PLAN_OPTIONS)
+            batch = plan.batch_given(
+                plan.exact_duration(args.t_batch, "--t-batch", positive=True), n, names=PLAN_OPTIONS
+            )
         elif args.alpha is not None:
             if args.beta is None:
                 raise ValueError("--alpha needs --beta")
@@ -1549,8 +1551,8 @@ def run_plan(args) -> int:
     # `--model ""` is refused (Autoscaling.check), not taken for the default.
     model = args.model if args.model is not None else batch.detail.get("model") or "mlp"
     autoscaling = plan.Autoscaling(
-        scale_out_above=plan.exact(args.scale_out_above, "--scale-out-above"),
-        scale_in_below=plan.exact(args.scale_in_below, "--scale-in-below"),
+        scale_out_above=plan.exact(args.scale_out_above, "--scale-out-above", positive=True),
+        scale_in_below=plan.exact(args.scale_in_below, "--scale-in-below", positive=True),
         sustain_s=plan.exact_duration(args.sustain, "--sustain"),
         max_replicas=args.max_replicas,
         model=model,
@@ -1561,10 +1563,10 @@ def run_plan(args) -> int:
     )
     result = plan.build_plan(
         batch=batch,
-        peak_qps=None if args.peak_qps is None else plan.exact(args.peak_qps, "--peak-qps"),
+        peak_qps=None if args.peak_qps is None else plan.exact(args.peak_qps, "--peak-qps", positive=True),
         burst=None if args.burst is None else plan.parse_burst(args.burst),
         teams=[plan.parse_team(t) for t in args.team],
-        target_util=plan.exact(args.target_util, "--target-util"),
+        target_util=plan.exact(args.target_util, "--target-util", positive=True),
         redundancy=args.redundancy,
         autoscaling=autoscaling,
         names=PLAN_OPTIONS,

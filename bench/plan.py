@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..errors import quoted_name, shown_data, shown_entry, shown_value
-from ..numerals import SPACES, read_decimal
+from ..numerals import SPACES, digits_note, read_decimal
 from .arrivals import DURATION, parse_duration
 from .outputs import json_text, replacing
 from .payloads import integer_refusal
@@ -121,8 +121,9 @@ def _named(names: Mapping[str, str] | None, key: str) -> str:
     return f"{name}: " if name else ""
 
 
-def exact(value, what: str) -> Fraction:
-    """The exact value of a decimal number given as text, int, Decimal or Fraction (never a float)."""
+def exact(value, what: str, *, positive: bool = False) -> Fraction:
+    """The exact value of a decimal number given as text, int, Decimal or Fraction (never a float). `positive`:
+    the caller refuses 0 (and below), so a refusal of a magnitude no float holds does not offer it."""
     if isinstance(value, Fraction):
         return value
     if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity
@@ -130,7 +131,7 @@ def exact(value, what: str) -> Fraction:
     if isinstance(value, (bool, float)):
         raise ValueError(f"{what}: expected decimal text, not a binary float; got {shown_data(value)}")
     if isinstance(value, int):  # a JSON integer past a float's range was taken, and refused later naming no field
-        return _in_float_range(Fraction(value), what, value)
+        return _in_float_range(Fraction(value), what, value, positive)
     if isinstance(value, Decimal):
         d = value
     else:
@@ -138,31 +139,32 @@ def exact(value, what: str) -> Fraction:
         try:
             d = read_decimal(text)
         except ValueError:
-            raise ValueError(f"{what}: {shown_value(value)} is not a number") from None
+            raise ValueError(f"{what}: {shown_value(value)} is not a number{digits_note(text)}") from None
     if not d.is_finite():
         raise ValueError(f"{what}: expected a finite number; got {shown_value(value)}")
-    return _in_float_range(Fraction(d), what, value)
+    return _in_float_range(Fraction(d), what, value, positive)
 
 
-def _in_float_range(x: Fraction, what: str, given) -> Fraction:
+def _in_float_range(x: Fraction, what: str, given, positive: bool = False) -> Fraction:
     """`x`, if a float holds its magnitude: the plan's figures are reported as floats. `given` shown as the option
-    (text) or the file (a JSON number, read as an int or Decimal: until 2026-12-07 `Decimal('1E+400')`) wrote it."""
+    (text) or the file (a JSON number, read as an int or Decimal: until 2026-12-07 `Decimal('1E+400')`) wrote it.
+    `positive`: the caller refuses 0, which the refusal then does not offer (until 2026-12-07 `--peak-qps 1e-400`
+    was told "expected 0 or ...", and 0 then refused)."""
     try:
         f = float(x)
     except OverflowError:
         f = math.inf
     if math.isinf(f) or (x and not f):
         shown = str(given) if isinstance(given, Decimal) else shown_data(given)
-        raise ValueError(
-            f"{what}: expected 0 or a number whose magnitude a 64-bit float holds (about 1e-308 to 1e308); got {shown}"
-        )
+        expected = "a number > 0 that" if positive else "0 or a number whose magnitude"
+        raise ValueError(f"{what}: expected {expected} a 64-bit float holds (about 1e-308 to 1e308); got {shown}")
     return x
 
 
 _UNIT = {"ms": Fraction(1, 1000), "s": Fraction(1), "m": Fraction(60), "h": Fraction(3600), None: Fraction(1)}
 
 
-def exact_duration(text: str, what: str) -> Fraction:
+def exact_duration(text: str, what: str, *, positive: bool = False) -> Fraction:
     """Seconds, exactly, in the syntax of `wok.bench.arrivals.parse_duration` ("20ms", "2s", "5m"),
     but with the unit required: a plan's times are milliseconds as often as seconds, and a bare
     "20" read as 20 s would plan a thousand times too many GPUs without a word."""
@@ -175,7 +177,7 @@ def exact_duration(text: str, what: str) -> Fraction:
         bare = text.strip(SPACES)
         raise ValueError(f"{what}: {quoted_name(text)} has no unit; write {bare}ms or {bare}s")
     number = Fraction(Decimal(m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")))
-    return _in_float_range(number * _UNIT[m.group(3)], what, text)
+    return _in_float_range(number * _UNIT[m.group(3)], what, text, positive)
 
 
 def ceil(x: Fraction) -> int:
@@ -346,7 +348,7 @@ def parse_burst(spec: str, option: str = "--burst") -> Burst:
         raise ValueError(f"{where}: expected a base and an amplitude >= 0; {got}")
     sigma = None
     if "sigma" in opts:
-        sigma = exact_duration(opts["sigma"], f"{where}: sigma")
+        sigma = exact_duration(opts["sigma"], f"{where}: sigma", positive=True)
         if sigma <= 0:
             raise ValueError(f"{where}: expected a sigma > 0 s; got {decimal_text(sigma)} s")
     if base + amplitude <= 0:
@@ -363,7 +365,7 @@ def parse_team(spec: str, option: str = "--team") -> tuple[str, Fraction]:
     where = f"{option} {quoted_name(spec)}"
     if not eq or not _TEAM.fullmatch(name):
         raise ValueError(f"{where}: expected NAME=PEAK_QPS like search=3000")
-    qps = exact(value, f"{where}: peak QPS")
+    qps = exact(value, f"{where}: peak QPS", positive=True)
     if qps <= 0:
         raise ValueError(f"{where}: expected a peak QPS > 0; got {value}")
     return name, qps

@@ -1021,27 +1021,27 @@ def _replicas_html(result: dict) -> str:
 def _faults_html(result: dict) -> str:
     """A fault run's section (docs/reliability.md): what the text prints after the steps (the
     requests, the fault table, the timeline around the faults) and faults.png. Each replica's answers
-    are the Replicas section's, before it."""
+    are the Replicas section's, before it. `--replicas` with no fault has the requests and faults.png
+    alone, headed for what they are (until 2026-12-07 "Faults", over no fault)."""
     section = result.get("faults")
     if not section:
         return ""
     from .faults import FAULT_HEAD, TIMELINE_HEAD, fault_rows, problem_lines, requests_summary, timeline_rows
 
     head, lost, tail = requests_summary(result)
-    out = ["<h2>Faults</h2>", f"<p>{_e(head)}<strong>{_e(lost)}</strong>{_e(tail)}</p>"]
+    title = "Faults" if section["faults"] else NO_FAULT_TITLE
+    out = [f"<h2>{title}</h2>", f"<p>{_e(head)}<strong>{_e(lost)}</strong>{_e(tail)}</p>"]
     if section["faults"]:  # --replicas alone: no table of none (until 2026-12-07, a head and no row)
         out.append(f"<h3>Faults (SLO P99 {_e(format(section['definitions']['slo_p99_ms'], 'g'))} ms)</h3>")
         out.append(_table("faults", FAULT_HEAD, fault_rows(section)))
     out += [f'<p class="problem">{_e(line)}</p>' for line in problem_lines(section)]
     w = section["definitions"]["window_s"]
-    out.append(
-        _img(
-            fault_timeline_figure(result),
-            "Requests per second, P99 and replicas up per window, with each fault's events",
-            f"Per {w:g} s window of send time, every request of the ramp (warm-ups included): what faults.png "
-            "draws. Dash-dot lines are the faults' events, solid ones where each recovered below the SLO.",
-        )
-    )
+    caption = f"Per {w:g} s window of send time, every request of the ramp (warm-ups included): what faults.png draws."
+    alt = "Requests per second, P99 and replicas up per window"
+    if section["faults"]:
+        caption += " Dash-dot lines are the faults' events, solid ones where each recovered below the SLO."
+        alt += ", with each fault's events"
+    out.append(_img(fault_timeline_figure(result), alt, caption))
     rows = timeline_rows(section)
     if rows:
         out.append(f"<h3>Timeline around the faults ({w:g} s windows, by send time)</h3>")
@@ -1170,6 +1170,10 @@ def write_html(result: dict, path, *, title: str | None = None) -> None:
 # ---------------------------------------------------------------------------- faults
 
 
+# A `--replicas` run's section and figure where it injected no fault: its requests across the replicas.
+NO_FAULT_TITLE = "Requests to the replicas"
+
+
 def fault_timeline_figure(result: dict) -> Figure:
     """Sent, answered and lost per window, P99 against the SLO, replicas up, and each fault's events."""
     fig = Figure(figsize=(9, 6), layout="constrained")
@@ -1195,7 +1199,10 @@ def fault_timeline_figure(result: dict) -> Figure:
         twin.set_ylabel("replicas up")
         twin.set_ylim(0, max(tl["replicas_up"]) + 1)
         twin.legend(loc="upper right", fontsize=8)
-    top.set_title(f"Faults: {section['requests']['lost']} lost of {section['requests']['sent']} requests")
+    lost, sent = section["requests"]["lost"], section["requests"]["sent"]
+    top.set_title(
+        f"Faults: {lost} lost of {sent} requests" if section["faults"] else f"{NO_FAULT_TITLE}: {lost} lost of {sent}"
+    )
     top.legend(loc="upper left", fontsize=8)
     top.grid(True, alpha=0.3)
     p99 = np.array([_num(v) for v in tl["p99_ms"]])

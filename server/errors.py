@@ -343,14 +343,14 @@ def shown_data(value: object) -> str:
     """A value that came from a file or a JSON body (a config's, a trace's, a result's, an admin API
     body's), as a refusal shows it: in the file's words, JSON's, nested too (true, false and null: True,
     False and None are Python's, no words of the file's), a string as names are (`quoted_name`) and in
-    JSON's quotes inside an array or object, an integer too large for a float by its length (a body may
-    hold one of thousands of digits), an array or object cut past NAME_CHARS (a list of 20,000 numbers
+    JSON's quotes inside an array or object, an integer too large for a float by its sign and length (a body
+    may hold one of thousands of digits), an array or object cut past NAME_CHARS (a list of 20,000 numbers
     made a refusal of 129 KB), a float that is no number (nan, inf) as Python's json writes and reads it: NaN,
     Infinity, -Infinity. A value made by Python code is shown as Python writes it (`shown_value`)."""
     if isinstance(value, str):
         return quoted_name(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
-        return f"an integer of {len(str(abs(value)))} digits"
+        return f"{'a negative' if value < 0 else 'an'} integer of {len(str(abs(value)))} digits"
     if isinstance(value, (list, tuple, dict)):
         return cut_message(_json_words(value, set()), NAME_CHARS)
     return _json_words(value, set())

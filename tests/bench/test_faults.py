@@ -291,12 +291,21 @@ def test_replicas_without_a_fault_print_no_fault_table():
     assert "faults (SLO" not in printed and "recovery s" not in printed and "┃" not in printed, printed
     html = report._faults_html(result)
     assert "18 sent, 16 ok, 1 errors, " in html and "<h3>Faults" not in html and 'class="faults"' not in html, html
+    # Nor is the section, its figure or its caption about faults (until 2026-12-07 headed "Faults", the figure
+    # "Faults: 1 lost of 18 requests", the caption naming the faults' events): the requests and the timeline.
+    assert "<h2>Requests to the replicas</h2>" in html and "<h2>Faults" not in html
+    assert "with each fault" not in html and "Dash-dot lines are the faults" not in html
+    title = report.fault_timeline_figure(result).axes[0].get_title()
+    assert title == "Requests to the replicas: 1 lost of 18", title
     spec = parse_fault("kill:replica=1,at=5%,restart=10%")
     faulted = {**result, "faults": fault_report(*hand_case(), specs=[spec], events=EVENTS, slo_p99_ms=100.0)}
     out = io.StringIO()
     print_faults(faulted, file=out)
     assert "faults (SLO P99 100 ms)" in out.getvalue() and "kill:replica=1" in out.getvalue(), out.getvalue()
-    assert "<h3>Faults (SLO P99 100 ms)</h3>" in report._faults_html(faulted)
+    html = report._faults_html(faulted)
+    assert "<h2>Faults</h2>" in html and "<h3>Faults (SLO P99 100 ms)</h3>" in html
+    assert "with each fault" in html and "Dash-dot lines are the faults" in html
+    assert report.fault_timeline_figure(faulted).axes[0].get_title() == "Faults: 1 lost of 18 requests"
 
 
 def test_a_never_sent_request_with_a_completion_is_refused():

@@ -1300,6 +1300,8 @@ def test_the_cli_from_ramp_and_burst(tmp_path, capsys):
 # A figure past a float's range (1e-400 is not 0), said as expected and got (until 2026-12-07 "'1e400' is out of
 # range: its magnitude is beyond ...").
 IN_RANGE = "expected 0 or a number whose magnitude a 64-bit float holds (about 1e-308 to 1e308); got "
+# The same for an input that must be > 0: "expected 0 or ..." offered a 0 that was then refused (until 2026-12-07).
+POSITIVE_IN_RANGE = "expected a number > 0 that a 64-bit float holds (about 1e-308 to 1e308); got "
 
 
 @pytest.mark.parametrize(
@@ -1311,12 +1313,48 @@ IN_RANGE = "expected 0 or a number whose magnitude a 64-bit float holds (about 1
         (["--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "1.2"], "(0, 1]"),
         (["--peak-qps", "x", "--t-batch", "20ms", "--batch-size", "16"], "not a number"),
         (["--t-batch", "20ms", "--batch-size", "16"], "exactly one way"),
-        (["--peak-qps", "1e400", "--t-batch", "20ms", "--batch-size", "16"], f"--peak-qps: {IN_RANGE}'1e400'"),
-        (["--peak-qps", "1e-400", "--t-batch", "20ms", "--batch-size", "16"], f"--peak-qps: {IN_RANGE}'1e-400'"),
-        (["--peak-qps", "100", "--t-batch", "1e400s", "--batch-size", "16"], f"--t-batch: {IN_RANGE}'1e400s'"),
+        (["--peak-qps", "1e400", "--t-batch", "20ms", "--batch-size", "16"], f"--peak-qps: {POSITIVE_IN_RANGE}'1e400'"),
+        (
+            ["--peak-qps", "1e-400", "--t-batch", "20ms", "--batch-size", "16"],
+            f"--peak-qps: {POSITIVE_IN_RANGE}'1e-400'",
+        ),
+        (["--peak-qps", "100", "--t-batch", "1e400s", "--batch-size", "16"], f"--t-batch: {POSITIVE_IN_RANGE}'1e400s'"),
+        (
+            ["--peak-qps", "100", "--t-batch", "1e-400s", "--batch-size", "16"],
+            f"--t-batch: {POSITIVE_IN_RANGE}'1e-400s'",
+        ),
+        (
+            ["--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "1e-400"],
+            f"--batch-size: {POSITIVE_IN_RANGE}'1e-400'",
+        ),
+        (
+            ["--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "1e-400"],
+            f"--target-util: {POSITIVE_IN_RANGE}'1e-400'",
+        ),
+        (
+            ["--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16", "--scale-out-above", "1e-400"],
+            f"--scale-out-above: {POSITIVE_IN_RANGE}'1e-400'",
+        ),
+        (
+            ["--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16", "--scale-in-below", "1e-400"],
+            f"--scale-in-below: {POSITIVE_IN_RANGE}'1e-400'",
+        ),
         (
             ["--team", "a=1e400", "--t-batch", "20ms", "--batch-size", "16"],
-            f"--team 'a=1e400': peak QPS: {IN_RANGE}'1e400'",
+            f"--team 'a=1e400': peak QPS: {POSITIVE_IN_RANGE}'1e400'",
+        ),
+        (
+            ["--burst", "base=1,amplitude=1,sigma=1e-400s", "--t-batch", "20ms", "--batch-size", "16"],
+            f"sigma=1e-400s': sigma: {POSITIVE_IN_RANGE}'1e-400s'",
+        ),
+        # Where 0 is taken (--max-queue-delay 0ms is), the refusal offers it.
+        (
+            ["--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16", "--max-queue-delay", "1e-400ms"],
+            f"--max-queue-delay: {IN_RANGE}'1e-400ms'",
+        ),
+        (
+            ["--peak-qps", "1_000", "--t-batch", "20ms", "--batch-size", "16"],
+            "--peak-qps: '1_000' is not a number (numbers are read without '_': 1000, not 1_000)",
         ),
         (
             ["--burst", "base=1e400,amplitude=1", "--t-batch", "20ms", "--batch-size", "16"],
@@ -1510,7 +1548,7 @@ def test_a_non_finite_number_in_a_profile_is_refused_as_such(tmp_path, wok_cli):
         # Taken exactly, then refused as "the inputs give a figure beyond what a 64-bit float holds ...: check the
         # units of the peak and the batch time", no file nor field named.
         ('"alpha_s": 1' + "0" * 400 + ', "beta_s": 0.001', f"fit.alpha_s: {IN_RANGE}an integer of 401 digits"),
-        ('"alpha_s": 0.001, "beta_s": -1' + "0" * 400, f"fit.beta_s: {IN_RANGE}an integer of 401 digits"),
+        ('"alpha_s": 0.001, "beta_s": -1' + "0" * 400, f"fit.beta_s: {IN_RANGE}a negative integer of 401 digits"),
         # Shown as Python's Decimal('1E+400').
         ('"alpha_s": 1e400, "beta_s": 0.001', f"fit.alpha_s: {IN_RANGE}1E+400"),
         ('"alpha_s": 1e-400, "beta_s": 0.001', f"fit.alpha_s: {IN_RANGE}1E-400"),

@@ -38,7 +38,7 @@ INSTANCES = {"mlp": 2, "recsys": 1}
         ({"model": "mlp", "mode": "slow", "delay_ms": float("nan")}, "delay_ms", "NaN"),  # the body's word
         # Beyond a float's range: math.isfinite raised OverflowError on these instead.
         ({"model": "mlp", "mode": "slow", "delay_ms": 10**400}, "delay_ms", "an integer of 401 digits"),
-        ({"model": "mlp", "mode": "slow", "delay_ms": -(10**309)}, "delay_ms", "an integer of 310 digits"),
+        ({"model": "mlp", "mode": "slow", "delay_ms": -(10**309)}, "delay_ms", "a negative integer of 310 digits"),
         ({"model": "mlp", "mode": "fail", "duration_s": 10**400}, "duration_s", "an integer of 401 digits"),
         ({"model": "mlp", "mode": "slow", "delay_ms": 10**300}, "delay_ms", "1" + "0" * 300),  # a float's range
         ({"model": "mlp", "mode": "fail", "delay_ms": 5}, "delay_ms", "5"),

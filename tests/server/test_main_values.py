@@ -305,3 +305,41 @@ NUMBER_CASES = [
 def test_a_number_in_digits_other_than_ascii_is_refused_naming_the_option(argv, refusal, wok):
     done = wok(*argv)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")
+
+
+UNDERSCORE = " (numbers are read without '_': 1000, not 1_000)"
+
+# int(), float() and Decimal() take '_' between digits, as Python's literals do: `--port 8_001` served on 8001 and
+# `--peak-qps 1_000` planned for 1000 QPS, where a duration, a size or a rate with one was refused.
+UNDERSCORE_CASES = [
+    (
+        ("serve", "--port", "8_001", "--models", "nope"),
+        f"wok serve: --port: expected an integer; got '8_001'{UNDERSCORE}",
+    ),
+    (
+        ("serve", "--grace-period", "1_0.5", "--models", "nope"),
+        f"wok serve: --grace-period: expected a number; got '1_0.5'{UNDERSCORE}",
+    ),
+    (
+        ("serve", "--demo-option", "mlp.hidden=6_4", "--models", "mlp", "--grace-period", "-1"),
+        "wok: --demo-option 'mlp.hidden=6_4': option 'hidden' of demo model 'mlp': expected an integer; got "
+        f"'6_4'{UNDERSCORE}",
+    ),
+    (("bench", "ramp", "--workers", "1_0"), f"wok bench: --workers: expected an integer; got '1_0'{UNDERSCORE}"),
+    (
+        ("bench", "ramp", "--steps", "50,1_000", "--target", "127.0.0.1:1"),
+        f"wok bench: --steps: QPS steps '50,1_000': '1_000' is not a number{UNDERSCORE}",
+    ),
+    (
+        ("plan", "--peak-qps", "1_000", "--t-batch", "20ms", "--batch-size", "16"),
+        f"wok plan: --peak-qps: '1_000' is not a number{UNDERSCORE}",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"), UNDERSCORE_CASES, ids=[" ".join(argv[:3]) for argv, _ in UNDERSCORE_CASES]
+)
+def test_a_number_with_an_underscore_is_refused_naming_the_option(argv, refusal, wok):
+    done = wok(*argv)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")

@@ -47,18 +47,27 @@ def test_a_number_with_other_white_space_around_it_is_refused_showing_it(text):
 
 @pytest.mark.parametrize(
     ("text", "number"),
-    [("3", 3), (" -3 ", -3), ("\t3\t", 3), ("3\r\n", 3), (" 3\x0b", 3), ("+3", 3), ("1_000", 1000), ("007", 7)],
+    [("3", 3), (" -3 ", -3), ("\t3\t", 3), ("3\r\n", 3), (" 3\x0b", 3), ("+3", 3), ("007", 7)],
     ids=repr,
 )
 def test_ascii_integers_read_as_int_reads_them(text, number):
     assert read_int(text) == number
 
 
-@pytest.mark.parametrize(
-    ("text", "number"), [("3.5", 3.5), (" -.5 ", -0.5), ("1e3", 1000.0), ("1_000.5", 1000.5), ("inf", float("inf"))]
-)
+@pytest.mark.parametrize(("text", "number"), [("3.5", 3.5), (" -.5 ", -0.5), ("1e3", 1000.0), ("inf", float("inf"))])
 def test_ascii_numbers_read_as_float_reads_them(text, number):
     assert read_float(text) == number
+
+
+@pytest.mark.parametrize("text", ["1_000", "1_5", "-1_000", "1_000.5", "1e1_0"])
+def test_an_underscore_between_digits_is_refused(text):
+    """int(), float() and Decimal() take '_' between digits as Python's literals do: "1_000" was 1000 to `--port`
+    and `--peak-qps`, and a '_' typed for a '.' ("1_5") 15, where durations, sizes and rates refused it."""
+    for read, kind in ((read_int, "an integer"), (read_float, "a number"), (read_decimal, "a number")):
+        with pytest.raises(ValueError) as info:
+            read(text)
+        assert str(info.value) == f"expected {kind} without '_'; got {text!r}"
+    assert digits_note(text) == " (numbers are read without '_': 1000, not 1_000)"
 
 
 def test_a_decimal_is_exact_and_its_refusal_a_value_error():
@@ -73,5 +82,5 @@ def test_ascii_digits(text, whole):
 
 
 def test_the_note_is_for_text_that_is_not_ascii():
-    assert digits_note("abc") == ""
+    assert digits_note("abc") == digits_note("a_b") == digits_note("_1") == ""
     assert digits_note("٣") == " (numbers are read in ASCII: the digits 0-9)"
