@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import quoted_name
+from ..errors import NAME_CHARS, printable, quoted_name, unquoted
 from ..numerals import SPACES, read_float, read_int
 from .outputs import check_outputs as _check_outputs
 from .outputs import keep_elsewhere as _keep_elsewhere
@@ -1329,17 +1329,21 @@ def add_profile_parser(sub) -> None:
 
 
 @contextlib.contextmanager
-def _profile_progress(label: str, total: int | None):
+def _profile_progress(label: str, total: int | None, phase: str | None = None):
     """What `wok profile` tells its progress to (profiler.Progress): a bar on stderr (stdout: the table) where that is
     a terminal that draws one, as the ramp's (runner.live_bar_console); elsewhere (nohup, CI, a pipe) plain lines
     there, on time while a batch or a phase runs (runner.PlainProgress). Until 2026-12-06 none there: the bar, off so
     that its stop wrote no empty line before a refusal, left a long profile silent. `total`: the batches, None until
-    `count_to` says it (the model's load, a phase before its max_batch_size is known)."""
+    `count_to` says it (the model's load, a phase before its max_batch_size is known); `phase`: the one that runs
+    from the start, in the bar's first frame (until 2026-12-07 set once the bar was up: its first frame said the
+    label alone)."""
     from .runner import PlainProgress, live_bar_console
 
     console = live_bar_console()
     if console is None:
-        with PlainProgress(label, total, "batches", lambda line: print(line, file=sys.stderr, flush=True)) as plain:
+        plain = PlainProgress(label, total, "batches", lambda line: print(line, file=sys.stderr, flush=True))
+        plain.phase(phase)
+        with plain:
             yield plain
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -1349,7 +1353,7 @@ def _profile_progress(label: str, total: int | None):
     text = TextColumn("{task.description}", markup=False)
     columns = (text, BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
-        yield _BarProgress(bar, bar.add_task(label, total=total), label)
+        yield _BarProgress(bar, bar.add_task(_described(label, phase), total=total), label)
 
 
 class _BarProgress:
@@ -1365,7 +1369,19 @@ class _BarProgress:
         self.bar.update(self.task, total=total)
 
     def phase(self, name: str | None) -> None:
-        self.bar.update(self.task, description=self.label if name is None else f"{self.label}: {name}")
+        self.bar.update(self.task, description=_described(self.label, name))
+
+
+def _described(label: str, phase: str | None) -> str:
+    """The bar's description: the label, and the phase that runs beside it (PlainProgress's line says it so too)."""
+    return label if phase is None else f"{label}: {phase}"
+
+
+def _label_name(name: str) -> str:
+    """The model's name as the profile's label shows it: as a refusal shows a name (errors.quoted_name: escaped, cut
+    past NAME_CHARS) but with no quotes (`profiling mlp`). Until 2026-12-07 the label said it raw: off a terminal,
+    past 10 s, a line held its newline (two lines) or its terminal escape, and all of a name of 100,000 characters."""
+    return unquoted(name, NAME_CHARS)
 
 
 def run_profile(args) -> int:
@@ -1373,7 +1389,7 @@ def run_profile(args) -> int:
 
     from ..errors import ModelNotFound
     from ..models import build_demo
-    from ..repository import ModelRepository
+    from ..repository import load_model
     from . import profiler, report, roofline
     from .payloads import parse_sizes
 
@@ -1402,16 +1418,15 @@ def run_profile(args) -> int:
     bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
     # The load is a phase of the progress: until 2026-12-07 it said nothing, and a large model's load looked hung.
     # The batches' count is known once the model is (its max_batch_size sets the default sizes).
-    with _profile_progress(f"profiling {args.model}", None) as progress:
-        if args.model_repository is None:
-            progress.phase(f"loading model {quoted_name(args.model)}")
-        else:  # every model of the repository is loaded, as `wok serve` loads them
-            progress.phase(f"loading model repository {args.model_repository}")
+    loading = f"loading model {quoted_name(args.model)}"
+    if args.model_repository is not None:
+        loading += f" from model repository {printable(str(args.model_repository))}"
+    with _profile_progress(f"profiling {_label_name(args.model)}", None, loading) as progress:
         try:
             if args.model_repository is None:
                 servable = build_demo(args.model)
-            else:
-                servable = ModelRepository.from_directory(args.model_repository).get(args.model)
+            else:  # the model alone: a sibling's build (failing, slow, loading dynamo) is no part of its profile
+                servable = load_model(args.model_repository, args.model)
         except ModelNotFound as exc:
             raise ValueError(str(exc)) from None
         if given_sizes is not None:

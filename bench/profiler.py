@@ -1037,6 +1037,22 @@ def _made(servable: Servable, cfg: ProfileConfig) -> str:
     return "the inputs made at the model's fixed dims"
 
 
+def _keys_too_many(servable: Servable, cfg: ProfileConfig, pool: KeyedPool, n: int) -> str:
+    """The refusal of a batch size `n` that no batching key of the pool reached. A model of fixed dims reaches it only
+    by a batch_key of its own, keying requests of one shape by their values: no --sizes shapes its requests, which
+    until 2026-12-07 this named ("drawn with --sizes fixed:16", "--sizes with fewer distinct sizes")."""
+    if any(t.variable for t in servable.config.inputs):
+        drawn, fewer = f"drawn with --sizes {cfg.sizes}", ", or --sizes with fewer distinct sizes"
+    else:
+        drawn, fewer = "made at the model's fixed dims", " (its batch_key keys them by their values)"
+    return (
+        f"model '{servable.name}': the server batches only requests of one batching key, and none of the "
+        f"{len(pool.groups)} keys of the {len(pool.keys)} requests {drawn} had {n} requests after "
+        f"{pool.extra_draws} draws more (the most: {pool.most}): batches of {n} would hardly ever form; give smaller "
+        f"--batch-sizes{fewer}"
+    )
+
+
 def _names_model(servable: Servable, text: str) -> bool:
     """Whether a message of the server's names the model, as its messages do (`model 'M'`): a config check's refusal
     ("model 'M' refused the request: ..."), a dim's ("the sizes model 'M' was exported for"), an id's; so that the
@@ -1165,13 +1181,7 @@ def profile(
                 raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), refused))
             never = [n for n in sizes if not pool.allowed(n)]
             if never:
-                raise ValueError(
-                    f"model '{servable.name}': the server batches only requests of one batching key, and none of the "
-                    f"{len(pool.groups)} keys of the {len(pool.keys)} requests drawn with --sizes {cfg.sizes} had "
-                    f"{never[0]} requests after {pool.extra_draws} draws more (the most: {pool.most}): batches of "
-                    f"{never[0]} would hardly ever form; give smaller --batch-sizes, or --sizes with fewer distinct "
-                    "sizes"
-                )
+                raise ValueError(_keys_too_many(servable, cfg, pool, never[0]))
             _phase(progress, "measuring the roofline")
             roof = roofline_of(device)
             _phase(progress, None)

@@ -320,12 +320,20 @@ def quoted(text: str, chars: int) -> str:
     newline, a terminal's escape) and backslashes escaped as repr escapes them, so that it cannot
     break or forge a line of a client's log. Past `chars` characters, its start and its length:
     'mmm'… (100,000 characters in all) (CUT_NOTE)."""
+    shown = f"'{_shown_start(text, chars)}'"
+    return shown if len(text) <= chars else shown + CUT_NOTE.format(len(text))
+
+
+def unquoted(text: str, chars: int) -> str:
+    """`text` as `quoted` shows it but with no quotes, its length after it where cut: a name that stands alone (a
+    progress line's label, `profiling mlp`), where quotes would only be noise."""
+    shown = _shown_start(text, chars)
+    return shown if len(text) <= chars else shown + CUT_NOTE.format(len(text))
+
+
+def _shown_start(text: str, chars: int) -> str:
     shown = text[:chars]
-    if not shown.isprintable():
-        shown = escaped(shown)
-    if len(text) <= chars:
-        return f"'{shown}'"
-    return f"'{shown}'" + CUT_NOTE.format(len(text))
+    return shown if shown.isprintable() else escaped(shown)
 
 
 def quoted_name(name: str) -> str:

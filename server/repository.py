@@ -853,6 +853,69 @@ def _has_config(root: Path, folder: Path) -> bool:
     return False
 
 
+def _model_folders(root: Path) -> list[Path]:
+    """The folders of the repository at `root` that hold a model's config, by name; ConfigError where there are none."""
+    try:
+        if not root.exists():
+            raise ConfigError(f"model repository {root} does not exist")
+        if not root.is_dir():
+            raise ConfigError(f"model repository {root} is not a folder")
+        folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    except OSError as exc:  # a name too long for the file system, a folder that cannot be listed
+        raise ConfigError(f"model repository {root} cannot be read: {exc.strerror or exc}") from None
+    dirs = [d for d in folders if _has_config(root, d)]
+    if not dirs:
+        if any((root / n).is_file() for n in CONFIG_NAMES):
+            raise ConfigError(
+                f"model repository {root} has no model folders, but a config file of its own: it is a model's "
+                "folder; give the folder above it, the repository, which holds one folder per model"
+            )
+        raise ConfigError(f"model repository {root} has no model folders (each needs {' or '.join(CONFIG_NAMES)})")
+    return dirs
+
+
+def _load(root: Path, folder: Path, cfg: ModelConfig | None = None) -> Servable:
+    # Said before, not after: a model's code that hangs (a download, a lock) leaves the start
+    # silent, and this line names the model it is in.
+    log.info("model repository %s: loading %s", root, folder.name)
+    return load_servable(folder, cfg)
+
+
+def _two_named(source: str, first: ModelConfig, second: ModelConfig) -> ConfigError:
+    return ConfigError(
+        f"{source}: two models are named '{first.name}': {_source(first)} and {_source(second)}; "
+        "expected one name per model"
+    )
+
+
+def load_model(root: Path, name: str) -> Servable:
+    """The model named `name` of the repository at `root`, built alone (`wok profile`'s): every folder's config is
+    read, for its name, and only the model's own folder is built, so that a sibling whose build fails, takes long or
+    loads torch's dynamo (a torch.compile) leaves it as it is. Until 2026-12-07 the whole repository was built, as
+    `wok serve` builds it. A folder whose config is refused is left out (its model's name unknown), unless it is
+    the folder of that name, whose model `name` is then refused for it; ModelNotFound names the models found."""
+    root = Path(root)
+    found: list[tuple[Path, ModelConfig]] = []
+    refused: dict[str, ConfigError] = {}
+    for folder in _model_folders(root):
+        try:
+            cfg = load_model_config(folder)
+        except ConfigError as exc:
+            refused[folder.name] = exc
+            continue
+        found.append((folder, cfg))
+    named = [(folder, cfg) for folder, cfg in found if cfg.name == name]
+    if len(named) > 1:
+        raise _two_named(str(root), named[0][1], named[1][1])
+    if named:
+        return _load(root, *named[0])
+    if name in refused:
+        raise refused[name]
+    known = ", ".join(sorted(cfg.name for _, cfg in found)) or "(none)"
+    unread = f" (and the folders whose config is refused: {', '.join(sorted(refused))})" if refused else ""
+    raise ModelNotFound(f"unknown model {quoted_name(name)}; model repository {root} holds: {known}{unread}")
+
+
 class ModelRepository:
     """The models a server serves, by name (one version each, "1")."""
 
@@ -861,40 +924,13 @@ class ModelRepository:
         self.models: dict[str, Servable] = {}
         for s in servables:
             if s.name in self.models:
-                first = self.models[s.name].config
-                raise ConfigError(
-                    f"{source}: two models are named '{s.name}': {_source(first)} and {_source(s.config)}; "
-                    "expected one name per model"
-                )
+                raise _two_named(source, self.models[s.name].config, s.config)
             self.models[s.name] = s
 
     @classmethod
     def from_directory(cls, root: Path) -> ModelRepository:
         root = Path(root)
-        try:
-            if not root.exists():
-                raise ConfigError(f"model repository {root} does not exist")
-            if not root.is_dir():
-                raise ConfigError(f"model repository {root} is not a folder")
-            folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-        except OSError as exc:  # a name too long for the file system, a folder that cannot be listed
-            raise ConfigError(f"model repository {root} cannot be read: {exc.strerror or exc}") from None
-        dirs = [d for d in folders if _has_config(root, d)]
-        if not dirs:
-            if any((root / n).is_file() for n in CONFIG_NAMES):
-                raise ConfigError(
-                    f"model repository {root} has no model folders, but a config file of its own: it is a model's "
-                    "folder; give the folder above it, the repository, which holds one folder per model"
-                )
-            raise ConfigError(f"model repository {root} has no model folders (each needs {' or '.join(CONFIG_NAMES)})")
-
-        def load(d: Path) -> Servable:
-            # Said before, not after: a model's code that hangs (a download, a lock) leaves the start
-            # silent, and this line names the model it is in.
-            log.info("model repository %s: loading %s", root, d.name)
-            return load_servable(d)
-
-        return cls((load(d) for d in dirs), str(root))
+        return cls((_load(root, d) for d in _model_folders(root)), str(root))
 
     @classmethod
     def demo(cls, names: Iterable[str], **options) -> ModelRepository:

@@ -479,6 +479,40 @@ def test_sizes_that_give_no_key_a_batch_are_refused():
         profiler.profile(KeyedByValue(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
 
 
+class FixedKeyedByValue(Servable):
+    """Four floats, a Linear(4, 2), keyed by its values as KeyedByValue: fixed dims, so no --sizes shapes a request."""
+
+    def __init__(self) -> None:
+        config = model_config_from_dict(
+            {
+                "name": "fixed",
+                "platform": "python",
+                "factory": f"{__name__}:FixedKeyedByValue",
+                "inputs": [{"name": "x", "datatype": "FP32", "dims": [4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "dims": [2]}],
+                "max_batch_size": 4,
+            },
+            source="test",
+        )
+        super().__init__(config, torch.nn.Linear(4, 2))
+
+    def batch_key(self, inputs):
+        return inputs["x"].tobytes()
+
+
+def test_a_fixed_dims_model_whose_keys_give_no_batch_is_refused_in_its_own_words():
+    """A model of fixed dims reaches this refusal only by a batch_key of its own: it said the requests were "drawn
+    with --sizes fixed:16" and advised "--sizes with fewer distinct sizes", an option that shaped nothing there."""
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=1)
+    with pytest.raises(ValueError) as info:
+        profiler.profile(FixedKeyedByValue(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    assert str(info.value) == (
+        "model 'fixed': the server batches only requests of one batching key, and none of the 256 keys of the 256 "
+        "requests made at the model's fixed dims had 2 requests after 65536 draws more (the most: 1): batches of 2 "
+        "would hardly ever form; give smaller --batch-sizes (its batch_key keys them by their values)"
+    )
+
+
 def test_the_extra_draws_counted_are_the_draws_made(monkeypatch):
     """`extra_draws` (the refusal's "draws more", `keys_left_out.draws`) counts every request drawn past the pool's
     own, kept or not: drawn FILL_CHUNK at a time, the chunk that fills the last key is drawn whole (its rest dropped),
@@ -1158,6 +1192,66 @@ def test_wok_profile_refuses_its_options_before_it_loads_the_model(option, messa
     assert main(["profile", "unloadable", "--model-repository", str(tmp_path / "repo"), *option]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"wok profile: {message}") and "loaded" not in err, err
+
+
+IDENTITY = """
+from torch import nn
+
+
+def build():
+    return nn.Identity()
+"""
+
+# A model whose build leaves a file where its parameter `mark` says: whether it was built.
+MARKED = """
+from pathlib import Path
+
+from torch import nn
+
+
+def build(mark):
+    Path(mark).write_text("built")
+    return nn.Identity()
+"""
+
+
+def _repository_of_siblings(repo: Path, mark: Path) -> None:
+    """A model 'm', and beside it one whose build fails, one that marks its build, one whose config is refused."""
+    write_python_model(repo / "m", IDENTITY, 4)
+    write_python_model(repo / "broken", UNLOADABLE, 4)
+    write_python_model(repo / "marked", MARKED, 4, parameters={"mark": str(mark)})
+    write_python_model(repo / "torn", IDENTITY, 4)
+    (repo / "torn" / "config.toml").write_text('platform = "onnx"\n')
+
+
+def test_wok_profile_builds_the_model_of_its_repository_alone(tmp_path, capsys):
+    """Every model of the repository was built to profile one, as `wok serve` builds them: a sibling whose build
+    failed failed the profile, a slow one's build was part of the load, one calling torch.compile loaded dynamo (and
+    the counting pass then ran through torch's slower modes). Now only the model's own folder is built; its
+    siblings' configs are read for their names, one refused left out."""
+    repo, mark = tmp_path / "repo", tmp_path / "marked-was-built"
+    _repository_of_siblings(repo, mark)
+    fast = ["--batch-sizes", "1,2", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "m", "--model-repository", str(repo), *fast]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("wok profile m on cpu\n")
+    assert not mark.exists()
+
+
+def test_wok_profile_refuses_a_name_its_repository_lacks_naming_the_models_there(tmp_path, capsys):
+    """A missing name is refused naming the models found (and the folders whose config is refused, whose models'
+    names are not known); until 2026-12-07 the broken sibling's build failed the profile first. The folder of the
+    name asked, its config refused, is refused for it."""
+    repo, mark = tmp_path / "repo", tmp_path / "marked-was-built"
+    _repository_of_siblings(repo, mark)
+    assert main(["profile", "nope", "--model-repository", str(repo)]) == 2
+    assert capsys.readouterr().err == (
+        f"wok profile: unknown model 'nope'; model repository {repo} holds: broken, m, marked (and the folders whose "
+        "config is refused: torn)\n"
+    )
+    assert main(["profile", "torn", "--model-repository", str(repo)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"wok profile: {repo / 'torn' / 'config.toml'}: platform: ") and "onnx" in err, err
+    assert not mark.exists()
 
 
 @pytest.mark.parametrize(

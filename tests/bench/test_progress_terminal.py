@@ -344,7 +344,7 @@ def build():
 def test_wok_profile_says_it_loads_the_model(tmp_path, monkeypatch):
     """The model was loaded before the progress began: a load of seconds (a large TorchScript file) said nothing, and
     the profile looked hung. Now a phase of the progress, said as the others (here with the period's floor at
-    0.05 s, not 10): the repository's, as every model of it is loaded."""
+    0.05 s, not 10): the model's, from its repository (until 2026-12-07 the repository's, every model of it built)."""
     from wok.__main__ import main
     from wok.bench import runner
 
@@ -356,8 +356,75 @@ def test_wok_profile_says_it_loads_the_model(tmp_path, monkeypatch):
     argv = ["profile", "slow", "--model-repository", str(repo), "--batch-sizes", "1,2", "--warmup", "0"]
     assert main([*argv, "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]) == 0, stderr.getvalue()
     lines = stderr.during_load.splitlines()
-    said = rf"profiling slow: loading model repository {re.escape(str(repo))}, \d+ s"
+    said = rf"profiling slow: loading model 'slow' from model repository {re.escape(str(repo))}, \d+ s"
     assert lines and all(re.fullmatch(said, line) for line in lines), stderr.getvalue()[-3000:]
+
+
+def test_wok_profile_says_a_long_name_cut_in_its_lines(tmp_path, monkeypatch):
+    """The label held the model's name as typed: a name of 100,000 characters (a config may set one) was all of each
+    line. Now cut as a refusal cuts a name (NAME_CHARS), its length after it; the phase's quoted name too."""
+    from wok.__main__ import main
+    from wok.bench import runner
+    from wok.errors import NAME_CHARS
+
+    name = "m" * 100_000
+    repo = tmp_path / "repo"
+    folder = write_python_model(repo / "long", SLOW_LOAD_MODEL, 4)
+    (folder / "config.toml").write_text(f'name = "{name}"\n' + (folder / "config.toml").read_text())
+    monkeypatch.setattr(runner, "PLAIN_PROGRESS_MIN_S", 0.05)
+    stderr = _Watched()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    argv = ["profile", name, "--model-repository", str(repo), "--batch-sizes", "1,2", "--warmup", "0"]
+    assert main([*argv, "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]) == 0, stderr.getvalue()[-3000:]
+    lines = stderr.during_load.splitlines()
+    cut, note = "m" * NAME_CHARS, re.escape("… (100,000 characters in all)")
+    said = rf"profiling {cut}{note}: loading model '{cut}'{note} from model repository {re.escape(str(repo))}, \d+ s"
+    assert lines and all(re.fullmatch(said, line) for line in lines), stderr.getvalue()[-3000:]
+
+
+def test_wok_profiles_label_escapes_what_is_not_printable():
+    """As a refusal shows a typed name: a newline split a line in two, a terminal's escape reached the terminal."""
+    from wok.bench import cli
+
+    assert cli._label_name("a\nb\x1b[2Jc") == "a\\nb\\x1b[2Jc"
+    assert cli._label_name("mlp") == "mlp"
+
+
+# A python model whose build keeps what stderr (a tests' _Watched) holds as it begins: the frames drawn before the load.
+# While the bar is drawn rich stands a proxy of its own in sys.stderr (its redirect_stderr), the file behind it.
+FRAMES_MODEL = """
+import sys
+
+from torch import nn
+
+
+def build():
+    stderr = sys.stderr.rich_proxied_file
+    stderr.before_load = stderr.getvalue()
+    return nn.Identity()
+"""
+
+
+def test_wok_profiles_bar_says_the_load_from_its_first_frame(tmp_path, monkeypatch):
+    """The bar was begun with the label alone and the load's phase set after: its first frame said `profiling slow`,
+    as if the profile ran. Now every frame drawn before the load says it. Drawn on a terminal's console writing to
+    stderr (a buffer), as a pty would show it."""
+    from rich.console import Console
+
+    from wok.__main__ import main
+    from wok.bench import runner
+
+    repo = tmp_path / "repo"
+    write_python_model(repo / "slow", FRAMES_MODEL, 4)
+    stderr = _Watched()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    console = Console(file=stderr, force_terminal=True, force_interactive=True, width=400)
+    monkeypatch.setattr(runner, "live_bar_console", lambda: console)
+    argv = ["profile", "slow", "--model-repository", str(repo), "--batch-sizes", "1,2", "--warmup", "0"]
+    assert main([*argv, "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]) == 0, stderr.getvalue()[-3000:]
+    frames = stderr.before_load
+    said = f"profiling slow: loading model 'slow' from model repository {repo} "
+    assert frames.count("profiling slow") == frames.count(said) > 0, repr(frames)
 
 
 def test_wok_profiles_bar_shows_the_model_and_the_repository_as_typed(monkeypatch):

@@ -29,7 +29,7 @@ from torch import nn
 from wok.codec import decode_response, encode_request
 from wok.errors import ConfigError, ModelNotFound, quoted_name
 from wok.executor import Executor
-from wok.repository import ModelRepository, load_servable
+from wok.repository import ModelRepository, load_model, load_servable
 from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -1597,6 +1597,24 @@ def test_two_models_with_one_name(tmp_path):
         model_dir(tmp_path, folder, "python", extra='name = "same"\nfactory = "torch.nn:Identity"', out_dims="[4]")
     with pytest.raises(ConfigError) as info:
         ModelRepository.from_directory(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path}: two models are named 'same': {tmp_path / 'a' / 'config.toml'} and "
+        f"{tmp_path / 'b' / 'config.toml'}; expected one name per model"
+    )
+
+
+def test_load_model_builds_the_model_named_and_refuses_one_named_twice(tmp_path):
+    """load_model (wok profile's) finds a model by its config's name, not its folder's, and refuses a name two
+    configs give as the whole repository's load refuses it; a name no config gives, after the folder of that name."""
+    model_dir(tmp_path, "folder", "python", extra='name = "named"\nfactory = "torch.nn:Identity"', out_dims="[4]")
+    assert load_model(tmp_path, "named").name == "named"
+    with pytest.raises(ModelNotFound) as info:
+        load_model(tmp_path, "folder")
+    assert str(info.value) == f"unknown model 'folder'; model repository {tmp_path} holds: named"
+    for folder in ("a", "b"):
+        model_dir(tmp_path, folder, "python", extra='name = "same"\nfactory = "torch.nn:Identity"', out_dims="[4]")
+    with pytest.raises(ConfigError) as info:
+        load_model(tmp_path, "same")
     assert str(info.value) == (
         f"{tmp_path}: two models are named 'same': {tmp_path / 'a' / 'config.toml'} and "
         f"{tmp_path / 'b' / 'config.toml'}; expected one name per model"
