@@ -115,9 +115,9 @@ def stage_medians(results) -> dict[str, float]:
 
 
 class LeftRunning(RuntimeError):
-    """The server's stop gave up on a model thread still running, or was cancelled with one still in a batch (its
-    `abandoned_work`): the process must leave through os._exit, as `wok serve` does, and its figures are of a server
-    that did not stop."""
+    """The server's stop, or its cancelled start's clean-up, gave up on a model thread still running, or its stop was
+    cancelled with one still in a batch (its `abandoned_work`): the process must leave through os._exit, as `wok
+    serve` does, and its figures are of a server that did not stop."""
 
 
 class LostDevice(RuntimeError):
@@ -136,8 +136,13 @@ async def serving(servable, grace: float = 10.0):
     from wok.repository import ModelRepository
 
     server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "gpu check"))
+    start_cancelled = False
     try:
-        await server.start()
+        try:
+            await server.start()
+        except asyncio.CancelledError:
+            start_cancelled = True
+            raise
         yield server
     finally:
         stop_cancelled = False
@@ -152,12 +157,19 @@ async def serving(servable, grace: float = 10.0):
             # model up before it raises a failure of its other steps. Raised over the block's error or the stop's,
             # its __context__ (which _exit_if_left_running says).
             if server.abandoned_work:
-                # A cancelled stop gave nothing up: it ended before the executors' shutdown, the batch running on.
-                raise LeftRunning(
-                    f"the server's stop was cancelled with model '{servable.name}' still running on its thread"
-                    if stop_cancelled
-                    else f"the server gave model '{servable.name}' up, still running on its thread, as it stopped"
-                )
+                name = f"'{servable.name}'"
+                if start_cancelled:
+                    # Its clean-up gave the model up (its log line says in which step): "as it stopped" named the
+                    # stop after it, which had nothing to give up.
+                    left = (
+                        f"the server's start was cancelled with model {name} still loading or warming up on its thread"
+                    )
+                elif stop_cancelled:
+                    # A cancelled stop gave nothing up: it ended before the executors' shutdown, the batch running on.
+                    left = f"the server's stop was cancelled with model {name} still running on its thread"
+                else:
+                    left = f"the server gave model {name} up, still running on its thread, as it stopped"
+                raise LeftRunning(left)
             # Read as `wok serve` reads it too: unread, the check failed on the model's refusals (UNAVAILABLE) and
             # the process went on to Python's exit and torch's frees on the lost device.
             if server.device_lost is not None:

@@ -200,7 +200,10 @@ class WokServer:
         A caller that never stopped again read False there, with the model's thread in its batch (a stuck one's for
         good). A batch whose thread has returned is none (Batcher.running): counted until its completion ran on the
         loop (Batcher.inflight), it said True between the two, and the caller exited hard saying the model was given
-        up on. Read on the loop."""
+        up on. Read on the loop. A stop left pending by a KeyboardInterrupt raised out of the loop's wait (a Ctrl-C
+        under a plain run_until_complete) counts as running, False with a batch still in a model: the loop run again
+        (a next stop() waits for it) ends it. No caller meets that: `wok serve` takes its signals on the loop, and
+        gpu_check's asyncio.run cancels on a first Ctrl-C and leaves at once on a second."""
         if self._gave_up:
             return True
         if not self.draining or self._stop_calls or self._stopped.is_set() or _EXECUTORS_STEP in self._stop_done:
@@ -579,9 +582,12 @@ class WokServer:
         failures = self._stop_failures
         steps = []
 
-        def failed(what: str, exc: Exception) -> None:
+        def say(what: str, exc: Exception) -> None:
             log.error("stopping: %s failed; the stop goes on", what, exc_info=exc)
-            failures.append(exc)
+
+        def failed(what: str, exc: Exception) -> None:
+            failures.append(exc)  # kept before it is said: an interrupt in the saying (a log handler's write) loses it
+            say(what, exc)
 
         def step(what: str, needed: bool = True, run=None):
             """If `needed`, `run` is the stop's next step (a function, its awaitable awaited); without it, the
@@ -712,7 +718,12 @@ class WokServer:
                 if inspect.isawaitable(ran):
                     await ran
             except Exception as exc:
-                failed(what, exc)
+                # Kept, and the step marked done, before its failure is said: an interrupt in the saying left the step
+                # to the next stop, which ran it again and said a failure of it twice.
+                failures.append(exc)
+                self._stop_done.add(what)
+                say(what, exc)
+                continue
             # Not reached when cancelled (a BaseException): the step is the next call's to run.
             self._stop_done.add(what)
         if failures:
@@ -738,16 +749,14 @@ class WokServer:
         if not ends:
             return
         try:
-            done, pending = await asyncio.wait(list(ends), timeout=max(left(), 1.0))
+            _, pending = await asyncio.wait(list(ends), timeout=max(left(), 1.0))
         except asyncio.CancelledError:
             if last:
                 # A start cancelled again in its clean-up: ended with the warm-up's forward still on the model's
                 # thread, unsaid, `abandoned_work` False, and Python's exit waiting for that thread. The cancellation
-                # is what the caller gets: the shutdowns' own failures are read, not raised.
-                pending = {end for end in ends if not end.done()}
-                self._give_up(ends, pending, when)
-                for end in ends.keys() - pending:
-                    end.exception()
+                # is what the caller gets: the shutdowns' own failures are said, not raised.
+                failures = self._give_up(ends, {end for end in ends if not end.done()}, when, last)
+                self._say_left(failures, "cancelled", when, last)
             else:
                 # Left to the next stop, which shuts the executors down again and waits on ends of its own: one
                 # failing, now or once its thread ends, went unsaid (or asyncio's "Future exception was never
@@ -755,11 +764,9 @@ class WokServer:
                 for end, (name, _) in ends.items():
                     end.add_done_callback(functools.partial(self._shutdown_ended, name))
             raise
-        self._give_up(ends, pending, when)
-        # Every failure read, in the models' order: the first raised (the step's failure, said by the stop), the
+        failures = self._give_up(ends, pending, when, last)
+        # Every failure said, in the models' order: the first raised (the step's failure, said by the stop), the
         # others said here. One raised alone left the rest unsaid, or to asyncio's "never retrieved".
-        failures = [(name, end.exception()) for end, (name, _) in ends.items() if end in done]
-        failures = [(name, exc) for name, exc in failures if exc is not None]
         for name, exc in failures[1:]:
             log.error("stopping: model '%s': its executor's shutdown failed; the stop goes on", name, exc_info=exc)
         if failures:
@@ -768,28 +775,50 @@ class WokServer:
     def _shutdown_ended(self, name: str, end: asyncio.Future) -> None:
         """The end of model `name`'s executor shutdown that a cancelled stop left: a failure is said and fails the
         stop that finishes this one (as a drain's does)."""
-        if end.cancelled() or end.exception() is None:
-            return
-        log.error(
-            "stopping: model '%s': its executor's shutdown failed, after the stop that waited for it was cancelled",
-            name,
-            exc_info=end.exception(),
-        )
-        self._stop_failures.append(end.exception())
+        if not end.cancelled() and end.exception() is not None:
+            self._say_left([(name, end.exception())], "cancelled", "", last=False)
 
-    def _give_up(self, ends: dict, pending: set, when: str) -> None:
-        """_shutdown_within's end: the models whose shutdown's `end` is `pending` are logged and given up on; the
-        threads of the others joined."""
-        for end, (name, thread) in ends.items():
+    def _say_left(self, failures: list[tuple[str, BaseException]], how: str, when: str, last: bool) -> None:
+        """Say the executor shutdowns' `failures` (by model name) that a _shutdown_within ended `how` ("cancelled",
+        "interrupted") did not: a stop's fail the stop that finishes it; `last` (a start's clean-up, which the
+        cancellation or interrupt ends) raises none."""
+        for name, exc in failures:
+            if last:
+                log.error("model '%s': its executor's shutdown failed %s", name, when, exc_info=exc)
+            else:
+                log.error(
+                    "stopping: model '%s': its executor's shutdown failed, after the stop that waited for it was %s",
+                    name,
+                    how,
+                    exc_info=exc,
+                )
+                self._stop_failures.append(exc)
+
+    def _give_up(self, ends: dict, pending: set, when: str, last: bool) -> list[tuple[str, BaseException]]:
+        """_shutdown_within's end: the models whose shutdown's `end` is `pending` are logged and given up on, the
+        threads of the others joined; the failures of those others (by model name, in the models' order).
+
+        The failures are read, and the models given up on, before any join: a KeyboardInterrupt in a join (a Ctrl-C
+        under a plain run_until_complete) left them unread (asyncio's "Future exception was never retrieved") and
+        the models after it not given up on. Such an interrupt leaves the shutdowns to the next stop (`last`: to
+        none), the failures read said as it passes (a stop's then fail the stop that finishes it)."""
+        failures = [(name, end.exception()) for end, (name, _) in ends.items() if end not in pending]
+        failures = [(name, exc) for name, exc in failures if exc is not None]
+        for end, (name, _) in ends.items():
             if end in pending:
                 # A batch stuck in the model: its thread cannot be interrupted from Python.
                 log.error("model '%s' is still running a batch %s", name, when)
                 self._gave_up = True
                 end.cancel()  # its thread, ending later, then sets nothing
-            else:
-                # Setting `end` was its last step; joined so that the stop leaves only the
-                # threads it gave up on.
-                thread.join()
+        try:
+            for end, (_, thread) in ends.items():
+                if end not in pending:
+                    # Setting `end` was its last step; joined so that the stop leaves only the threads it gave up on.
+                    thread.join()
+        except BaseException:
+            self._say_left(failures, "interrupted", when, last)
+            raise
+        return failures
 
 
 async def _release_unstarted(server: grpc.aio.Server) -> None:

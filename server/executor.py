@@ -1019,7 +1019,9 @@ def failure_line(name: str, exc: BaseException) -> str:
     operator tell them apart. A part of a failed batch on CUDA said "failed: AcceleratorError: ..." where a
     batch's wait said "failed on the device: AcceleratorError: ..."."""
     where = " on the device" if _is_device_error(exc) else ""
-    return f"model '{name}' failed{where}: {error_line(exc)}"
+    # The name quoted, escaped and cut as every other line shows a model's: a config's name has no length cap, and
+    # 5,000 characters of it filled a warm-up's refusal, cut before the model's own words.
+    return f"model {quoted_name(name)} failed{where}: {error_line(exc)}"
 
 
 def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:

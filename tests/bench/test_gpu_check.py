@@ -569,8 +569,8 @@ def test_a_ctrl_c_in_the_server_checks_start_leaves_at_once(tmp_path, where, ctr
     assert took < 10.0, f"gpu_check left {took:.1f} s after its Ctrl-C (the model stuck for {STUCK_S:.0f} s)"
     step = "loading" if where == "load" else "running a batch"
     left = {
-        "once": "gpu_check: the server gave model 'mlp' up, still running on its thread, as it stopped; exiting "
-        "without a report\n",
+        "once": "gpu_check: the server's start was cancelled with model 'mlp' still loading or warming up on its "
+        "thread; exiting without a report\n",
         "twice": "gpu_check: a second Ctrl-C; exiting at once, without a report\n",
     }
     assert said[-2:] == [f"model 'mlp' is still {step} as the start ended\n", left[ctrl_c]], "".join(said)[-3000:]

@@ -754,3 +754,38 @@ def test_every_cuda_call_of_a_batch_is_made_under_its_instances_device():
         tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) in CUDA_CALLS]
         assert calls and outside(tree) == [], method.__name__
+
+
+def test_a_failed_models_line_shows_its_name_quoted_escaped_and_cut_as_every_other_line():
+    """`failure_line` put the model's name in whole and raw: a name of 5,000 characters (a config's name has no length
+    cap) filled the warm-up's refusal, cut at WARMUP_MESSAGE_BYTES before the model's own words; one holding a newline
+    (a servable built in code) split the line. Shown as every other line shows a model's name (errors.quoted_name)."""
+    from wok.config import model_config_from_dict
+    from wok.executor import failure_line
+    from wok.servable import Servable
+
+    words = "ValueError: test: the model's own words"
+    assert failure_line("m", ValueError("test: the model's own words")) == f"model 'm' failed: {words}"
+    assert failure_line("a\nb'", ValueError("test: the model's own words")) == f"model 'a\\nb'' failed: {words}"
+    cfg = model_config_from_dict(
+        {
+            "name": "m" * 5000,
+            "platform": "python",
+            "factory": "model:build",
+            "inputs": [{"name": "X", "datatype": "FP32", "dims": [2]}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": [2]}],
+            "max_batch_size": 4,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        "test",
+    )
+    ex = Executor(Servable(cfg, Exits(ValueError("test: the model's own words"))), cfg.instances, cpu_linear="torch")
+    try:
+        with pytest.raises(WarmupError) as info:
+            ex.warmup()
+    finally:
+        ex.shutdown()
+    assert str(info.value) == (
+        f"model '{'m' * 200}'… (5,000 characters in all) failed: {words}; in the start-up warm-up, on a batch of "
+        "zeros with input shapes 'X' [1, 2] on cpu (config: test)"
+    )

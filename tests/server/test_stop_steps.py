@@ -715,3 +715,129 @@ async def test_each_models_failed_executor_shutdown_is_said(gated_model, monkeyp
         (f"stopping: the executors' shutdown {FAILED}", "test: model a's shutdown failed"),  # the step's, raised
     ]
     assert all(executor_ended(inst) for inst in instances(server))
+
+
+def test_finished_shutdowns_left_by_an_interrupt_in_a_join_are_said_and_fail_the_next_stop(gated_model, monkeypatch):
+    """A KeyboardInterrupt in the executors' step as it joined a finished shutdown's thread (a Ctrl-C under a plain
+    run_until_complete) left every shutdown's failure unread: asyncio's "Future exception was never retrieved" once
+    collected, the next stop's own shutdowns succeeding. Each is said, naming its model, and the next stop fails with
+    the first, as after a stop cancelled in that wait."""
+    import gc
+
+    from wok import app
+
+    (first, _), (second, _) = (gated_model(max_batch_size=1, delay_ms=1.0, name=name) for name in ("a", "b"))
+    loop = asyncio.new_event_loop()
+    unretrieved = []
+    loop.set_exception_handler(lambda loop, context: unretrieved.append(context["message"]))
+    try:
+        server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([first, second], "test"))
+        loop.run_until_complete(server.start())
+        raised = []  # the models whose shutdown failed: not the errors, whose tracebacks would hold the ends
+        for name in ("a", "b"):
+            executor = server.runtime(name).executor
+
+            def failing(real=executor.shutdown, name=name) -> None:
+                real()
+                if name not in raised:  # the first shutdown only
+                    raised.append(name)
+                    raise RuntimeError(f"test: model {name}'s shutdown failed")
+
+            monkeypatch.setattr(executor, "shutdown", failing)
+
+        class InterruptedJoin:
+            """Model a's shutdown thread, whose first join raises a KeyboardInterrupt once the thread has ended."""
+
+            def __init__(self, thread: threading.Thread) -> None:
+                self.thread, self.interrupted = thread, False
+
+            def join(self, timeout=None) -> None:
+                self.thread.join(timeout)
+                if not self.interrupted:
+                    self.interrupted = True
+                    raise KeyboardInterrupt
+
+        joins = []
+
+        def on_own_thread(loop, executor, name):
+            end, thread = real_on_own_thread(loop, executor, name)
+            if name == "a" and not joins:
+                joins.append(InterruptedJoin(thread))
+                return end, joins[-1]
+            return end, thread
+
+        real_on_own_thread = app._shutdown_on_own_thread
+        monkeypatch.setattr(app, "_shutdown_on_own_thread", on_own_thread)
+        records = []
+        handler = logging.Handler(logging.ERROR)
+        handler.emit = records.append
+        logging.getLogger("wok").addHandler(handler)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                loop.run_until_complete(server.stop(grace=5.0))
+            assert joins[0].interrupted and sorted(raised) == ["a", "b"]
+            # The stop task's done callbacks, queued on the stopped loop, hold it (and its frames, and the ends).
+            loop.run_until_complete(asyncio.sleep(0))
+            gc.collect()
+            assert unretrieved == []
+            assert [(r.getMessage(), str(r.exc_info[1])) for r in records] == [
+                (
+                    f"stopping: model '{name}': its executor's shutdown failed, after the stop that waited for it was "
+                    "interrupted",
+                    f"test: model {name}'s shutdown failed",
+                )
+                for name in ("a", "b")
+            ]
+            with pytest.raises(RuntimeError) as failed:
+                loop.run_until_complete(asyncio.wait_for(server.stop(grace=5.0), 30))
+            assert failed.value is records[0].exc_info[1]
+            assert len(records) == 2, [r.getMessage() for r in records]
+        finally:
+            logging.getLogger("wok").removeHandler(handler)
+        assert all(executor_ended(inst) for inst in instances(server))
+        assert not server.abandoned_work
+    finally:
+        loop.close()
+
+
+def test_a_steps_failure_whose_saying_an_interrupt_cut_is_said_once(gated_model, monkeypatch):
+    """An interrupt while a step's failure was being said (a KeyboardInterrupt in a log handler's write) left the step
+    unmarked: the next stop ran it again, and its failure was said twice. The step is marked before its failure is
+    said; the next stop raises that failure."""
+    servable, _ = gated_model(max_batch_size=1, delay_ms=1.0)
+    loop = asyncio.new_event_loop()
+    records = []
+
+    class InterruptedOnce(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+            if len(records) == 1:
+                raise KeyboardInterrupt
+
+    handler = InterruptedOnce(logging.ERROR)
+    logging.getLogger("wok").addHandler(handler)
+    try:
+        server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+        loop.run_until_complete(server.start())
+        port = server.port
+        raised = []
+
+        def refuse() -> None:
+            raised.append(RuntimeError(f"test: the streams' end failed ({len(raised) + 1})"))
+            raise raised[-1]
+
+        monkeypatch.setattr(server._reflection, "end_streams", refuse)
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(server.stop(grace=5.0))
+        with pytest.raises(RuntimeError) as failed:
+            loop.run_until_complete(asyncio.wait_for(server.stop(grace=5.0), 30))
+        assert len(raised) == 1, [str(e) for e in raised]
+        assert failed.value is raised[0]
+        assert [(r.getMessage(), r.exc_info[1]) for r in records] == [
+            (f"stopping: ending reflection's streams {FAILED}", raised[0])
+        ]
+        assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
+        assert all(executor_ended(inst) for inst in instances(server))
+    finally:
+        logging.getLogger("wok").removeHandler(handler)
+        loop.close()

@@ -265,3 +265,55 @@ def test_a_start_cancelled_again_as_it_waits_for_a_stuck_warm_up_gives_the_model
     model's thread, said nothing, and left `abandoned_work` False: the executor is in no runtime, no stop shuts it
     down, and Python's exit waits for that thread, a stuck model's for good."""
     run_on("asyncio", _cancel_a_start_stuck_in_its_warm_up_twice(gated_model, caplog))
+
+
+async def _cancel_a_start_again_as_its_shutdown_fails(gated_model, caplog, monkeypatch) -> None:
+    from wok import app
+
+    servable, module = gated_model(name="stuck")
+    module.gate.clear()
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    caplog.set_level(logging.ERROR, logger="wok")
+    starting = asyncio.ensure_future(server.start())
+    failure = RuntimeError("test: the executor's shutdown failed")
+
+    class Failing:
+        """The start's executor, whose shutdown lets the warm-up through, ends the executor, then fails."""
+
+        def __init__(self, executor) -> None:
+            self.executor = executor
+
+        def shutdown(self) -> None:
+            module.gate.set()
+            self.executor.shutdown()
+            raise failure
+
+    def on_own_thread(loop, executor, name):
+        end, thread = real_on_own_thread(loop, Failing(executor), name)
+        # Added before the clean-up's wait adds its own: the second cancellation lands in that wait, the end set.
+        end.add_done_callback(lambda _: starting.cancel())
+        return end, thread
+
+    real_on_own_thread = app._shutdown_on_own_thread
+    monkeypatch.setattr(app, "_shutdown_on_own_thread", on_own_thread)
+    try:
+        assert await asyncio.to_thread(module.entered.wait, 10), "the warm-up never reached the model"
+        starting.cancel()
+        await asyncio.wait_for(asyncio.wait({starting}), 30)
+        assert starting.cancelled()
+        assert not server.abandoned_work  # its shutdown ended: nothing given up
+        said = [(r.getMessage(), r.exc_info and r.exc_info[1]) for r in caplog.records]
+        assert said == [("model 'stuck': its executor's shutdown failed as the start ended", failure)], said
+    finally:
+        module.gate.set()
+        if not starting.done():
+            await asyncio.wait({starting})
+        await server.stop(grace=5.0)
+
+
+def test_a_shutdown_failing_in_a_start_cancelled_again_in_its_clean_up_is_said(
+    run_on, gated_model, caplog, monkeypatch
+):
+    """A start cancelled in its warm-up, cancelled again as its clean-up's executor shutdown failed: the failure was
+    read (not raised: the cancellation is what the caller gets) and said nowhere. Said, naming the model."""
+    run_on("asyncio", _cancel_a_start_again_as_its_shutdown_fails(gated_model, caplog, monkeypatch))
