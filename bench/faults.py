@@ -68,6 +68,10 @@ EXPIRY_MARGIN_S = 3.0
 # restarting: the bench stops that replica with the others, and a second Ctrl-C is deferred
 # until the result is written, so the full start timeout (minutes) would hold the user for nothing.
 CUT_WAIT_S = 5.0
+# A replica stopping takes its grace period to drain, then up to a second for each of the stages after it (the
+# answers' window, the gRPC and health ports' stops, the models' shutdown) and its interpreter's exit (torch's
+# teardown: seconds on a busy host); one still running this long past its grace period is killed.
+STOP_MARGIN_S = 10.0
 # Where the replicas of `--replicas` bind (gRPC and HTTP ports) unless --replica-host says otherwise.
 REPLICA_HOST = "127.0.0.1"
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
@@ -370,24 +374,29 @@ class Replica:
             self.proc.kill()
             self.proc.wait()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        self.terminate()
-        self.wait_stopped(timeout)
-
     def terminate(self) -> None:
         """Its drain begun: SIGTERM, once. A second, while it drains, is `wok serve`'s "exit without draining"."""
         if self.alive:
             self.proc.send_signal(signal.SIGCONT)  # a paused one could not drain
             self.proc.terminate()
 
-    def wait_stopped(self, timeout: float = 30.0) -> None:
-        """Its end, after `terminate`, waited for `timeout` s; killed if still running then."""
+    @property
+    def grace_s(self) -> float:
+        """The grace period its `wok serve` drains within, read from its arguments as that parser reads them."""
+        from ..__main__ import serve_grace_period
+
+        return serve_grace_period(self.args)
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Its end, after `terminate`, waited for `timeout` s; killed if still running then (True: it was)."""
         if not self.alive:
-            return
+            return False
         try:
             self.proc.wait(timeout)
+            return False
         except subprocess.TimeoutExpired:
             self.kill()
+            return True
 
 
 class ReplicaSet:
@@ -437,11 +446,29 @@ class ReplicaSet:
     def describe(self) -> list[dict]:
         return [{"replica": r.index, "target": r.target, "admin_url": r.admin_url, "pids": r.pids} for r in self]
 
-    def close(self) -> None:
-        for r in self.replicas:  # all draining at once
+    @property
+    def stop_wait_s(self) -> float:
+        """How long `close` waits, at most, for the replicas to stop: the longest grace period, and STOP_MARGIN_S."""
+        return max(r.grace_s for r in self.replicas) + STOP_MARGIN_S
+
+    def close(self, say: Callable[[str], None] | None = None) -> None:
+        """Stop every replica: one SIGTERM each, all draining at once; one still running STOP_MARGIN_S past its grace
+        period is killed (SIGKILL), which `say` (default: stderr) says."""
+        start = time.monotonic()
+        for r in self.replicas:
             r.terminate()
         for r in self.replicas:
-            r.wait_stopped()
+            wait_s = r.grace_s + STOP_MARGIN_S
+            pid = r.proc.pid if r.proc is not None else None
+            if r.wait_stopped(max(0.0, start + wait_s - time.monotonic())):
+                line = (
+                    f"replica {r.index} (pid {pid}) still running {wait_s:g} s after its SIGTERM (its --grace-period "
+                    f"{r.grace_s:g} s, then {STOP_MARGIN_S:g} s for the stop's last stages and its exit): killed"
+                )
+                if say is not None:
+                    say(line)
+                else:
+                    print(line, file=sys.stderr, flush=True)
         self.forker.close()
 
 
@@ -1349,7 +1376,7 @@ def run_faults(args, cfg: RampConfig) -> dict:
         result = FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()
     except BaseException:
         if replicas is not None:
-            replicas.close()
+            replicas.close(say)
         raise
     close_replicas_held(replicas, say)
     return result
@@ -1360,6 +1387,6 @@ def close_replicas_held(replicas, say: Callable[[str], None]) -> None:
     raised in their wait, it lost the result (exit 130, no table), and left the replicas to end with the bench."""
     if replicas is None:
         return
-    _, came = run_held(replicas.close, doing="the replicas stop (up to 30 s each)")
+    _, came = run_held(lambda: replicas.close(say), doing=f"the replicas stop (up to {replicas.stop_wait_s:g} s)")
     if came is not None:
         say(f"{type(came).__name__}: {came} as the replicas stopped: the steps run are the result")

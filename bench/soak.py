@@ -339,11 +339,11 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     except BaseException:
         processes.stop()
         raise
-    try:
-        processes.stop()
-    except KeyboardInterrupt as exc:
-        # As a ramp's own workers stopping (Ramp.run): a signal after the last step, what was measured is whole.
-        say(f"{type(exc).__name__}: {exc} as the workers stopped: the result is kept")
+    # Held, as a ramp's result is built (Ramp.run): what was measured is whole. Caught instead, a signal ended the
+    # stop where it came, before it had told a worker to end or waited for one.
+    _, came = run_held(processes.stop)
+    if came is not None:
+        say(f"{type(came).__name__}: {came} as the workers stopped: the steps run are the result")
     return result
 
 
@@ -357,7 +357,7 @@ def _capacity_then_soak(args, cfg: RampConfig, say: Callable[[str], None], proce
         result = _ramps(args, cfg, say, processes, replicas, values)
     except BaseException:
         if replicas is not None:
-            replicas.close()
+            replicas.close(say)
         raise
     faults.close_replicas_held(replicas, say)
     return result

@@ -499,9 +499,9 @@ def signals_held(doing: str | None = None) -> Iterator[None]:
     would lose: a step's figures once its answers are in, the result after the last step. Off the main thread,
     which neither sets handlers nor runs them, nothing changes.
 
-    `doing`, for work that may take long (the replicas' stop: up to 30 s each), names it in a line said on stderr
-    as each signal comes: held silently, a Ctrl-C there did nothing to be seen for as long, a second one never
-    anything."""
+    `doing`, for work that may take long (the replicas' stop: up to their grace period and 10 s), names it in a line
+    said on stderr as each signal comes: held silently, a Ctrl-C there did nothing to be seen for as long, a second
+    one never anything."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

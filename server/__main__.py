@@ -742,6 +742,22 @@ def check_replica_args(words: Sequence[str], fixed: Mapping[str, str]) -> None:
         raise ValueError(one_line(str(exc))) from None
 
 
+def serve_grace_period(words: Sequence[str]) -> float:
+    """The grace period, in seconds, that `wok serve WORDS` drains within, as its own parser reads the words (an
+    abbreviation, `--grace-period=45`, a later value winning); the default for words it refuses or a negative,
+    infinite or NaN period (such a server exits before it serves: it has nothing to drain). The bench waits for its
+    replicas' stop by it: a fixed 30 s killed one given a longer period halfway through its drain."""
+    parser = _QuietParser(prog="wok")
+    _serve_parser(parser.add_subparsers(dest="command", required=True))
+    (serve,) = parser._commands.choices.values()
+    default = serve.get_default("grace_period")
+    try:
+        grace = parser.parse_args(["serve", *words]).grace_period
+    except _Refused:
+        return default
+    return grace if 0 <= grace < float("inf") else default  # NaN fails both
+
+
 async def _until_stop(step, stop: asyncio.Event) -> bool:
     """Await `step` unless a signal comes first; True if it finished, False if the signal won (the
     step is then left running: the caller exits without it, or cancels it)."""

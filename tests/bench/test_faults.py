@@ -1217,3 +1217,63 @@ def test_closing_the_replicas_stops_each_with_one_signal_so_a_drain_runs_to_its_
     log = "\n".join(replica.log)
     assert replica.proc.returncode == 0, log
     assert "wok: second signal, exiting without draining" not in replica.log, log
+
+
+@pytest.mark.parametrize(
+    "words, grace",
+    [
+        (["--models", "mlp"], 30.0),
+        (["--grace-period", "45"], 45.0),
+        (["--grace-period=45.5"], 45.5),
+        (["--grace", "45"], 45.0),  # an abbreviation, as argparse takes it
+        (["--grace-period", "45", "--grace-period", "2"], 2.0),  # the later one wins
+        (["--max-connection-age-grace", "50"], 30.0),  # not the drain's
+        (["--grace-period", "inf"], 30.0),  # refused by wok serve: it exits before serving
+        (["--grace-period", "-1"], 30.0),
+        (["--no-such-option"], 30.0),
+    ],
+)
+def test_a_replicas_grace_period_is_read_from_its_arguments_as_wok_serve_reads_them(words, grace):
+    assert Replica(0, words).grace_s == grace
+
+
+def test_the_replicas_stop_is_waited_for_as_long_as_their_grace_period_then_killed_and_said(tmp_path, monkeypatch):
+    """The wait followed no grace period: 30 s for each, so a replica given --grace-period 45 was killed halfway
+    through its drain, without a word. Now its grace period and STOP_MARGIN_S (here 0.5 s, so that a stop still
+    running past them is one the test can wait for: a batch held 60 s, the drain's grace 1.5 s)."""
+    import grpc
+
+    from wok.codec import encode_request
+    from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+    write_python_model(tmp_path / "busy", BUSY_DRAIN.replace("time.sleep(2)", "time.sleep(60)"))
+    monkeypatch.setattr(bench_faults, "STOP_MARGIN_S", 0.5)
+    replicas = ReplicaSet(1, ["--model-repository", str(tmp_path), "--metrics-port", "-1", "--grace-period", "1.5"])
+    try:
+        (replica,) = replicas
+        assert replicas.stop_wait_s == 2.0
+        with grpc.insecure_channel(replica.target) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.arange(4, dtype=np.float32).reshape(1, 4)
+            call = stub.ModelInfer.future(encode_request("busy", {"INPUT0": x}), timeout=30)
+            deadline = time.monotonic() + 30
+            while "test: in a batch" not in replica.log:
+                assert time.monotonic() < deadline, "\n".join(replica.log)
+                time.sleep(0.02)
+            said: list[str] = []
+            began = time.monotonic()
+            replicas.close(said.append)
+            took = time.monotonic() - began
+            call.cancel()
+    finally:
+        replicas.close()
+    log = "\n".join(replica.log)
+    # Its own stop would have taken the grace period and a second or more past it (the answers' window, then the
+    # model's shutdown, given up on after a second): still running at 2 s, it was killed then, not before.
+    assert replica.proc.returncode == -signal.SIGKILL, log
+    assert 2.0 <= took < 5, took
+    assert "wok: SIGTERM received, stopping" in log, log
+    assert said == [
+        f"replica 0 (pid {replica.proc.pid}) still running 2 s after its SIGTERM (its --grace-period 1.5 s, then "
+        "0.5 s for the stop's last stages and its exit): killed"
+    ]

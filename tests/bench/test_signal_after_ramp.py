@@ -121,9 +121,9 @@ def test_a_signal_once_the_run_has_its_result_is_said_not_raised(capfd):
 
 
 def test_a_signal_held_as_long_work_runs_is_said_at_once_and_a_second_too(capfd):
-    """The replicas' stop after the last step (`run_faults`) waits up to 30 s for each: a Ctrl-C there was held
-    without a word until it ended, a second one said nothing at all."""
-    doing = "the replicas stop (up to 30 s each)"
+    """The replicas' stop after the last step (`run_faults`) waits up to their grace period and 10 s (40 s by
+    default): a Ctrl-C there was held without a word until it ended, a second one said nothing at all."""
+    doing = "the replicas stop (up to 40 s)"
 
     def stop() -> list[str]:
         said = []

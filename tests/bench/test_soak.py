@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import os
 import signal
 import subprocess
 import sys
@@ -48,8 +49,14 @@ BURST += ["--slo-p99", "2s", "--arrival", "burst", "--soak", "1s", "--soak-load"
 BURST += ["--workers", "1", "--require-qps", "60"]
 NO_CAPACITY = ["--metrics-url", "none", "--workers", "1", "--warmup", "0.2s", "--steps", "20"]
 NO_CAPACITY += ["--step-duration", "0.5s", "--slo-p99", "0.001ms", "--soak", "60s"]
+# A soak on two replicas the bench starts (no --target): the capacity measured on them, then the soak, their RSS read
+# from each one's own /metrics (--metrics-url auto).
+REPLICAS = ["--replicas", "2", "--serve-args", "--models mlp --torch-threads 1", "--model", "mlp", "--workers", "1"]
+REPLICAS += ["--steps", "20", "--step-duration", "0.5s", "--warmup", "0s", "--slo-p99", "2s", "--soak", "1s"]
+REPLICAS += ["--soak-load", "50%", "--soak-window", "0.5s", "--rss-every", "0.25s"]
 RUNS = {
     "test_soak_end_to_end": ("e2e", _e2e_args),
+    "test_a_soak_on_replicas_reads_the_rss_of_each_and_stops_them": ("replicas", lambda metrics: REPLICAS),
     "test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict": (
         "burst",
         lambda metrics: BURST,
@@ -72,7 +79,9 @@ def runs(request, tmp_path_factory):
             metrics = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
             for name, args in wanted.items():
                 d = tmp_path_factory.mktemp(name)
-                cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, *args(metrics)]
+                given = args(metrics)
+                target = [] if "--replicas" in given else ["--target", server.target]
+                cmd = [sys.executable, "-m", "wok", "bench", "ramp", *target, *given]
                 # Files, not pipes: a run not yet waited on must not block on a full pipe.
                 with open(d / "stdout", "w") as out, open(d / "stderr", "w") as err:
                     proc = subprocess.Popen([*cmd, "--json", str(d / "soak.json")], stdout=out, stderr=err, text=True)
@@ -245,24 +254,35 @@ def test_the_soak_runs_on_the_capacity_ramps_worker_processes(soak_server):
     assert not set(multiprocessing.active_children()) - before
 
 
-def test_a_ctrl_c_as_the_soaks_workers_stop_keeps_the_soak(soak_server, monkeypatch):
-    """The workers are stopped once both ramps are done: a signal then (a real SIGINT, raised as the stop returns)
-    comes after everything was measured, and is said, not raised (as a ramp's own workers stopping, Ramp.run)."""
+@pytest.mark.parametrize("when", ["begins", "returns"])
+def test_a_ctrl_c_as_the_soaks_workers_stop_is_held_until_they_have_stopped(soak_server, monkeypatch, when):
+    """The workers are stopped once both ramps are done: a signal then (a real SIGINT, raised as the stop begins or
+    returns) comes after everything was measured, and is held until the stop is done, then said as a ramp's late
+    signals are (Ramp.late). Caught, not held, one as the stop began ended it there: the workers were left running."""
     stop = WorkerProcesses.stop
 
-    def stop_then_ctrl_c(self) -> None:
+    def stop_with_a_ctrl_c(self) -> None:
+        if when == "begins":
+            signal.raise_signal(signal.SIGINT)
         stop(self)
-        signal.raise_signal(signal.SIGINT)
+        if when == "returns":
+            signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(WorkerProcesses, "stop", stop_then_ctrl_c)
+    monkeypatch.setattr(WorkerProcesses, "stop", stop_with_a_ctrl_c)
+    before = set(multiprocessing.active_children())
     said: list[str] = []
     previous = _signals_interrupt()  # the CLI's handlers: the signal read as `wok bench ramp --soak` reads it
     try:
         result = _short_soak(soak_server, said.append)
+        left = set(multiprocessing.active_children()) - before
     finally:
         _restore_signals(previous)
+        for p in set(multiprocessing.active_children()) - before:
+            p.kill()
+            p.join()
     assert result["interrupted"] is None and result["soak"]["requests"]["errors"] == 0
-    assert said[-1] == "KeyboardInterrupt: SIGINT as the workers stopped: the result is kept", said
+    assert not left, left
+    assert said[-1] == "KeyboardInterrupt: SIGINT as the workers stopped: the steps run are the result", said
 
 
 def test_a_soak_has_each_warning_of_its_pool_once(soak_server, monkeypatch):
@@ -298,6 +318,27 @@ def test_soak_end_to_end(runs):
     times = [t for t, _ in soak["rss"]["samples"]]
     assert soak["rss"]["first_mib"] > 50 and len(times) >= 8, times
     assert soak["p99"]["windows"] == 4 and "RSS:" in stdout and "P99: first window" in stdout
+
+
+def test_a_soak_on_replicas_reads_the_rss_of_each_and_stops_them(runs):
+    status, stdout, stderr, out = _finished(runs, "replicas")
+    assert status == 0 and "killed" not in stderr, stderr[-3000:]
+    result = json.loads(out.read_text())
+    soak, replicas = result["soak"], result["replicas"]
+    assert [r["replica"] for r in replicas] == [0, 1] and result["interrupted"] is None
+    assert soak["capacity"]["source"] == "measured" and soak["capacity"]["steps"][0]["nominal_qps"] == 20
+    assert soak["requests"]["sent"] > 0 and soak["requests"]["errors"] == 0
+    assert soak["rss"]["urls"] == [f"{r['admin_url']}/metrics" for r in replicas]
+    # Each sample reads both replicas (a wok serve of the mlp: over 50 MiB each), and the total is their sum.
+    samples = [vs for _, vs in soak["rss"]["samples"]]
+    assert len(samples) >= 3 and all(len(vs) == 2 and min(vs) > 50 * MIB for vs in samples), samples
+    assert soak["rss"]["last_mib"] == pytest.approx(sum(samples[-1]) / MIB)
+    assert "RSS:" in stdout and "P99: first window" in stdout
+    # Stopped as the run ended: their processes are gone (reaped by the bench).
+    for r in replicas:
+        (pid,) = r["pids"]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict(runs):
