@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -496,8 +497,9 @@ class _StopSignal:
 
     As PID 1 (a container's entrypoint) a signal without a handler is dropped by the kernel,
     so the handlers go in before anything slow (importing torch, building the models). Until
-    the event loop runs, a plain handler records the signal; `bind` then hands the signals
-    to the loop, whose handler sets `event` (created there: it belongs to that loop).
+    the event loop runs, the handler records the signal; from `bind` on it has the loop set
+    `event` (created there: it belongs to that loop). The handlers stay these plain ones to the
+    process's end, never the loop's (`bind` says why).
 
     SIGHUP (the terminal or ssh session that started the server closed, or a process manager)
     drains as SIGTERM does, but never cuts a drain short: a closing terminal sends it twice to
@@ -506,7 +508,11 @@ class _StopSignal:
 
     Only the second SIGTERM or SIGINT forces the exit: a drain begun by SIGHUP goes on through
     the first of them, which a process manager sends as its own stop, often together with
-    the hangup, and which the kernel may hand over second, SIGHUP's number being lower.
+    the hangup, and which the kernel may hand over second, SIGHUP's number being lower. Second as this handler
+    sees it: Python keeps one pending mark per signal, so a signal that comes again before the main thread runs
+    again calls it once (README). Not counted from the wakeup fd's bytes (one per delivery): under uvloop that fd
+    is the loop's own, which reads it, so only asyncio's loop could, and the two would differ for a window the
+    kernel keeps anyway (it merges a signal sent again before it was delivered).
 
     Once the stop has run (`stopped`), a signal has nothing left to cut short but the exit, which Python's joins
     hold as long as a thread left running (a model's own helper thread) lasts: it leaves at once with the stop's
@@ -519,12 +525,21 @@ class _StopSignal:
         self.status: int | None = None  # the exit status, once the stop has run: see `stopped`
         self._forcing = False  # a SIGTERM or SIGINT has come: the next one exits at once
         self._before: dict[int, object] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # bound: see `bind`
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None  # (read end, the wakeup fd) where bound
 
-    def install(self) -> None:
+    def install(self, held=None) -> None:
+        """`held`: wok.entry's `_HeldSignals`, which held SIGTERM and SIGHUP as this module imported: the handlers
+        it replaced are the ones `uninstall` puts back, and the signals it held count here, in their order, as if
+        they came now."""
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
                 continue
-            self._before[sig] = signal.signal(sig, self._on_signal)
+            before = signal.signal(sig, self._on_signal)
+            self._before[sig] = before if held is None else held.before.get(sig, before)
+        # After the handlers: one held here came before any these take (one in the moment between is taken first).
+        for sig in () if held is None else held.received:
+            self._on_signal(sig)
 
     def uninstall(self) -> None:
         """Not `wok serve` after all: the handlers as they were, and a signal that came meanwhile
@@ -550,20 +565,50 @@ class _StopSignal:
             os._exit(1)
         self.received = signum
         self._forcing = signum != signal.SIGHUP
-        if self.event is not None:
-            self.event.set()
+        if self._loop is not None and not self._loop.is_closed():  # closed: an error of wok's own is on its way out
+            # Set by the loop, in a callback of its own: this handler runs between any two bytecodes of the main
+            # thread, the loop's own included.
+            self._loop.call_soon_threadsafe(self.event.set)
 
     def name(self) -> str:
         """The first signal's name, "SIGHUP" say, for the log."""
         return signal.Signals(self.received).name if self.received is not None else "no signal"
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """`event`, set by `loop` (running, on this thread) at the first signal.
+
+        Not the loop's own handlers (add_signal_handler, until 2026-12-07): its close put back what it chose, before
+        `after_loop` put these back, and a signal between was lost under uvloop (its own handler, which does nothing,
+        left: a model's thread then held the exit until a second signal) and under asyncio's loop met the default
+        actions (SIGTERM killed the process by it; SIGINT a KeyboardInterrupt). Taking them from the loop at the end
+        of `_serve` instead left the default actions between the two calls."""
         self.event = asyncio.Event()
+        self._loop = loop
         if self.received is not None:
             self.event.set()
-        for sig in self._before:
-            loop.add_signal_handler(sig, self._on_signal, sig)
+        # A Python handler runs on the main thread alone, at its next bytecode: a signal the kernel hands to another
+        # thread must wake the loop asleep in its poll, as the signals' wakeup fd does with a byte per signal. uvloop
+        # sets one of its own as it runs and reads it itself; asyncio's loop sets none but for add_signal_handler.
+        own = signal.set_wakeup_fd(-1)
+        if own != -1:
+            signal.set_wakeup_fd(own, warn_on_full_buffer=False)  # as uvloop sets it
+            return self.event
+        woken, wake = socket.socketpair()
+        woken.setblocking(False)
+        wake.setblocking(False)  # as set_wakeup_fd requires: a full buffer drops a byte, it never blocks
+        signal.set_wakeup_fd(wake.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (woken, wake)
+        loop.add_reader(woken.fileno(), self._woken, woken)
         return self.event
+
+    @staticmethod
+    def _woken(woken: socket.socket) -> None:
+        # The bytes only woke the loop: the handler has run, on the way to this callback.
+        try:
+            while woken.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def stopped(self, status: int) -> None:
         """The stop has run (or a failed start's) and the process exits with `status`: a signal from here on leaves
@@ -573,13 +618,20 @@ class _StopSignal:
         self.status = status
 
     def after_loop(self, status: int) -> None:
-        """The loop has closed, the process to exit with `status`: its handlers, which the loop took over, are
-        plain ones again, until wok.entry's `_ExitSignals` takes them as `main` returns (its teardown ignores them
-        from the last exit function on, through the interpreter's finalization: a second signal there neither
-        kills the process by the signal nor prints a traceback)."""
+        """The loop has closed, the process to exit with `status`: the handlers leave at once with it until wok.entry's
+        `_ExitSignals` takes them as `main` returns (its teardown ignores them from the last exit function on, through
+        the interpreter's finalization: a second signal there neither kills the process by the signal nor prints a
+        traceback). The wakeup fd `bind` set, if it did, is unset: no loop reads it now."""
         self.stopped(status)
-        for sig in self._before:
-            signal.signal(sig, self._on_signal)
+        if self._wakeup is None:
+            return
+        woken, wake = self._wakeup
+        self._wakeup = None
+        current = signal.set_wakeup_fd(-1)
+        if current != wake.fileno():  # not ours: another's since, left as it is
+            signal.set_wakeup_fd(current, warn_on_full_buffer=False)
+        woken.close()
+        wake.close()
 
 
 # The option each server setting comes from, for the settings' refusals: "--port: ..." rather than
@@ -926,7 +978,8 @@ def _exit_before_ready(stop_signal: _StopSignal) -> None:
     os._exit(0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, held=None) -> int:
+    """`held`: the signals wok.entry held while this module imported (`_StopSignal.install`)."""
     # OpenMP threads that spin after each parallel region take the cores the event loop and
     # the gRPC threads need between batches; side by side on 2 cores, passive waiting cut
     # mlp's P99 at 1,000 QPS from 47 ms to 10 ms. Read when torch loads OpenMP, so set
@@ -934,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Before the parser, whose imports take a few hundred ms: see _StopSignal.
     stop_signal = _StopSignal()
-    stop_signal.install()
+    stop_signal.install(held)
     try:
         given = sys.argv[1:] if argv is None else argv
         args = wok_parser(serve_only=given[:1] == ["serve"]).parse_args(argv)

@@ -3,7 +3,8 @@ hands over to it). The command's own module imports gRPC and
 asyncio first, about 0.1 s before its `main` takes over SIGINT: a Ctrl-C then ended in a
 KeyboardInterrupt traceback. Here it ends as a Ctrl-C a moment later does, one line and status 130.
 Nothing but `sys` and `os` (both loaded with the interpreter) and `atexit` (built in) is imported before
-the guard.
+the guard. SIGTERM and SIGHUP are held from the guard's first line until the command takes them (`_HeldSignals`):
+they killed `wok serve` by the signal there.
 
 The command's gRPC settings (GRPC_DEFAULTS) are set here, before grpc loads, and not by importing
 wok.__main__: a process that imports it as a library (a test, a script calling its functions,
@@ -45,20 +46,69 @@ def main() -> int:
     # Registered before the command imports anything (multiprocessing, gRPC register theirs as they load): the
     # exit functions run last first, so this one runs after theirs and after Python's joins of threads.
     atexit.register(at_exit.teardown)
+    held = _HeldSignals()
     try:
+        held.install()
         set_grpc_defaults()
         from .__main__ import main as run
 
-        status = run()
+        status = run(held=held)
     except KeyboardInterrupt:  # only one that `run` did not handle itself: before its own guard
         print("wok: interrupted", file=sys.stderr)
-        return 130
+        status = 130
+    except SystemExit as exc:  # argparse's exits (--help, a refusal), said already
+        status = _exit_status(exc.code)
+    except BaseException:  # an error of wok's own
+        # Said here, as Python would say it at the top, so that the exit's signals are armed on this way out too: a
+        # thread left running holds the exit as after a status returned.
+        sys.excepthook(*sys.exc_info())
+        status = 1
     at_exit.returned(status)
     return status
 
 
+def _exit_status(code) -> int:
+    """The status Python exits with for `SystemExit(code)`, anything but an int or None said on stderr first, as Python
+    says it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+class _HeldSignals:
+    """SIGTERM and SIGHUP (unless ignored at the start, as under nohup) from `main`'s first line until the command's
+    `main` takes them (server/__main__.py's `_StopSignal.install`, with those that came meanwhile). The command's
+    module imports gRPC and asyncio first (~0.1 s): until 2026-12-07 either signal there met the default action and
+    killed `wok serve` by it (143 or 129 as a shell says it, nothing said), where one a moment later stops the
+    start ("stopped by a signal before serving", status 0). Held, not acted on: what a signal means is the command's
+    (`wok serve`'s `_StopSignal`; another command's handler before this one, the default action, gets it once the
+    parsers have loaded and `_StopSignal.uninstall` hands the signals back: killed by it, as it was at once). SIGINT
+    is not held: a KeyboardInterrupt there is `main`'s own ("wok: interrupted", 130)."""
+
+    def __init__(self) -> None:
+        self.before: dict[int, object] = {}  # each held signal's handler before `install`
+        self.received: list[int] = []  # in the order they came; signals that arrive together count once
+
+    def install(self) -> None:
+        import signal
+
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            if s == signal.SIGHUP and signal.getsignal(s) is signal.SIG_IGN:
+                continue
+            self.before[s] = signal.signal(s, self._hold)
+
+    def _hold(self, signum: int, _frame=None) -> None:
+        self.received.append(signum)
+
+
 class _ExitSignals:
-    """Ctrl-C, SIGTERM and SIGHUP once the command has returned its status, its output written.
+    """Ctrl-C, SIGTERM and SIGHUP once the command has ended, its output written: on every way out of `main`, a status
+    returned, a Ctrl-C before the command's own guard (130), a SystemExit (its status), an error of the command's own
+    (its traceback said, status 1, as Python's). Until 2026-12-07 only a status returned armed them: after the others a
+    signal the kernel handed to a thread other than the main one left the exit asleep in its join.
 
     Until the exit functions have run, Python joins what is left running: a thread not a daemon (a python model's
     own helper thread, in `wok profile` or `wok serve`), multiprocessing's children. One that never ends held the
@@ -111,9 +161,9 @@ class _ExitSignals:
     def teardown(self) -> None:
         import signal
 
-        # Every Python handler of the three, not only those `returned` took: a command that raised (a traceback,
-        # status 1) never returned, and left its own (`wok serve`'s `_StopSignal`), which the finalization put back
-        # to the default action: a signal as torch tore down after the traceback killed the process by it.
+        # Every Python handler of the three, not only those `returned` took (an exit function may have set one since):
+        # the finalization puts a Python handler back to the default action, and a signal as torch tore down after a
+        # traceback (`wok serve`'s `_StopSignal` left, `returned` skipped until 2026-12-07) killed the process by it.
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if callable(signal.getsignal(s)):
                 signal.signal(s, signal.SIG_IGN)

@@ -9,6 +9,7 @@ signal is raised where the parsers load, as a Ctrl-C then would be."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -122,3 +123,48 @@ def test_the_console_script_runs_wok_entry():
 
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert project["project"]["scripts"] == {"wok": "wok.entry:main"}
+
+
+# The console script's own lines, with the signal named first raised (on the importing thread) at the first import of
+# the module named second: as one sent at that moment of the start would come.
+_SIGNALLED_AT = """
+import importlib.abc, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sig, at = signal.Signals[sys.argv.pop(1)], sys.argv.pop(1)
+signal.signal(sig, signal.SIG_DFL)  # the test runner may ignore it (nohup): a signal ignored at the start stays so
+
+class Signalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == at:
+            sys.meta_path.remove(self)
+            signal.raise_signal(sig)
+        return None
+
+sys.meta_path.insert(0, Signalled())
+from wok.entry import main
+sys.argv = ["wok", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+# Each a moment of `wok serve`'s start: the command module's import begun, asyncio's, gRPC's, its last import, then
+# (its handlers in place) the models' build, on the executor's thread.
+_START_POINTS = ["wok.__main__", "asyncio", "grpc", "wok.numerals", "wok.app"]
+
+
+@pytest.mark.parametrize("at", _START_POINTS)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_a_signal_at_any_moment_of_wok_serves_start_stops_it_before_serving(sig, at):
+    # Until the command's module had imported (gRPC, asyncio: ~0.1 s) SIGTERM and SIGHUP had their default actions:
+    # the process died by the signal (status -15 or -1 to its parent, nothing said).
+    cmd = [sys.executable, "-c", _SIGNALLED_AT, sig.name, at, "serve", "--models", "mlp", "--port", "0"]
+    done = subprocess.run([*cmd, "--metrics-port", "-1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    said = f"wok: {sig.name} received, stopping\nwok: stopped by a signal before serving\n"
+    assert done.stderr.endswith(said) and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_sigterm_held_as_another_command_imports_reaches_it_as_it_starts():
+    # Held for `wok serve` alone: another command gets it, with the handler it had (the default action here), not lost.
+    cmd = [sys.executable, "-c", _SIGNALLED_AT, "SIGTERM", "grpc", *SIMULATE]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (-signal.SIGTERM, ""), (done.returncode, done.stderr[-3000:])
