@@ -622,7 +622,8 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     best = doc.get("max_qps_under_slo")
     if best is None:
         raise ValueError(f"{file}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
-    best = exact(best, f"{file}: max_qps_under_slo")
+    # positive: 0 is refused just below, so a magnitude no float holds is not told "expected 0 or ...".
+    best = exact(best, f"{file}: max_qps_under_slo", positive=True)
     if best <= 0:
         raise ValueError(f"{file}: max_qps_under_slo: expected a QPS > 0; got {decimal_text(best)}")
     all_steps = doc.get("steps")

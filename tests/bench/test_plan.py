@@ -1685,6 +1685,15 @@ def test_a_ramp_whose_requests_per_batch_are_below_one_is_refused(tmp_path):
             lambda d: (d.update(max_qps_under_slo=-1000.0), d["steps"][1].update(offered_qps=-1000.0)),
             "{path}: max_qps_under_slo: expected a QPS > 0; got -1000",
         ),
+        # Past a float's range: it was told "expected 0 or a number whose magnitude ...", and 0 is refused above.
+        (
+            lambda d: d.update(max_qps_under_slo=10**400),
+            "{path}: max_qps_under_slo: " + POSITIVE_IN_RANGE + "an integer of 401 digits",
+        ),
+        (
+            lambda d: d.update(max_qps_under_slo=-(10**400)),
+            "{path}: max_qps_under_slo: " + POSITIVE_IN_RANGE + "a negative integer of 401 digits",
+        ),
         # rows 0 without the server's counts: n = rows per batch / 0, a ZeroDivisionError traceback.
         (lambda d: d["config"].update(rows=0), "{path}: config.rows: expected rows per request >= 1; got 0"),
         # A negative achieved QPS: the instance "only -0% busy" at the step.
