@@ -560,3 +560,40 @@ def test_a_signal_handed_to_another_thread_stops_a_wok_serve_building_its_models
     err = lines.text()
     assert proc.returncode == 0, (proc.returncode, err[-3000:])
     assert "wok: SIGTERM received, stopping\n" in err and "Traceback" not in err, err[-3000:]
+
+
+# The console script with a command that, as bench/cli.py's does, has put its handlers back (SIGINT's is Python's
+# default, which raises) and returns 3: a Ctrl-C then, raised by a trace hook as `_ExitSignals.returned` reads the
+# first handler, before it has armed any.
+_INTERRUPTED_AS_THE_EXIT_ARMS = _SCRIPT.replace(
+    "from wok.entry import main",
+    """from wok.entry import main, set_grpc_defaults
+set_grpc_defaults()
+import wok.__main__ as command
+
+
+def _ctrl_c_at_getsignal(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "getsignal" and frame.f_code.co_filename == signal.__file__:
+        sys.settrace(None)
+        signal.raise_signal(signal.SIGINT)
+
+
+def returning(held=None):
+    print("result", flush=True)
+    sys.settrace(_ctrl_c_at_getsignal)
+    return 3
+
+
+command.main = returning""",
+)
+assert _INTERRUPTED_AS_THE_EXIT_ARMS != _SCRIPT
+
+
+def test_a_ctrl_c_as_the_exits_signals_are_armed_keeps_the_commands_status():
+    # Seen once under CI's load (a ramp SIGINTed as its verdict printed): a KeyboardInterrupt traceback and death by
+    # SIGINT (-2), the run's status lost.
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_AS_THE_EXIT_ARMS], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stdout == "result\n" and "Traceback" not in proc.stderr, proc.stderr[-3000:]
