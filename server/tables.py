@@ -37,7 +37,10 @@ What holds none of the ids' values is not followed as them: what an op makes of 
 integers (`emb((ids > 50).long())`: within 2 rows), as is a choice of 0 or 1 (`torch.where(ids > 50, 1, 0)`:
 `_Walk.choose`), the floats attention makes of a padding mask (`ids == pad` as src_key_padding_mask, `ids.ne(0)` as
 attn_mask: `_ATTENTION`, `_attends`), which reads no mask as positions. But what `torch.empty(ids.shape)` leaves
-unset holds whatever its memory held: looked up, it may fail at any id, and no input has a bound (`_Walk.unset`).
+unset holds whatever its memory held: looked up, it may fail at any id, and no input has a bound (`_Walk.unset`); so
+too what `resize_` grows a tensor by, what torch's random ops draw past the table (`torch.randint(0, 20, ids.shape)`
+in a 16-row one; within it, the bound stands), and what a python forward makes of no input, which torch.fx's trace
+made once, a constant of its graph (`torch.empty(2, 5)`, `torch.LongTensor(2, 5)`: `_TraceMade`).
 Forward's parameters after the inputs take their defaults, as served: HF's `if inputs_embeds is None:` looks the ids up.
 A python model's module, table or attention module whose call runs what torch.fx's trace does not (forward hooks, a
 forward set on it or its class: `_runs_its_class`) is not read as its class: what reaches it is not followed.
@@ -45,6 +48,7 @@ forward set on it or its class: `_runs_its_class`) is not read as its class: wha
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -54,6 +58,7 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 # The aten ops that gather rows of their first argument, a table, as a torch.export graph calls them.
 EMBEDDING_SCHEMAS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag"})
@@ -117,6 +122,7 @@ _NO_LOOKUP = frozenset(
         "size sym_size sym_numel sym_stride sym_storage_offset numel dim len stride is_floating_point",
         "dtype device layout shape Int Float Bool ScalarImplicit NumToTensor item",
         "zeros_like ones_like full_like empty_like new_zeros new_ones new_full new_empty arange zeros ones full empty",
+        "rand randn randint randperm rand_like randn_like randint_like normal poisson bernoulli multinomial binomial",
         "to _to_copy long int float double half bfloat16 bool type_as cpu cuda",
         "ListConstruct TupleConstruct ListUnpack TupleUnpack TupleIndex cat concat concatenate stack",
         "float_power linear matmul mm bmm addmm relu sigmoid tanh softmax log_softmax",
@@ -142,6 +148,7 @@ _FRESH = frozenset(
         "eq ne lt le gt ge logical_and logical_or logical_not logical_xor isin where masked_fill",
         "sum mean max min amax amin argmax argmin prod any all count_nonzero cumsum",
         "zeros_like ones_like full_like empty_like new_zeros new_ones new_full new_empty arange zeros ones full empty",
+        "rand randn randint randperm rand_like randn_like randint_like normal poisson bernoulli multinomial binomial",
         "cat concat concatenate stack float_power linear matmul mm bmm addmm relu sigmoid tanh softmax log_softmax",
         _ATTENTION,
         "truediv floordiv mod and_ or_ xor invert lshift rshift",
@@ -157,15 +164,33 @@ _INDICES_OF = frozenset(
 _WITH_INDICES = frozenset({"topk", "sort", "max", "min", "kthvalue", "mode", "median", "nanmedian", "cummax", "cummin"})
 # Ops that read their first argument's shape (and dtype, device) alone, not its values: BERT's `token_type_ids =
 # torch.zeros_like(ids)` (or `ids.new_zeros(ids.shape)`) holds none of the ids; what they make of their other
-# arguments (a fill value, a size) is followed as any op's. Not empty_like nor new_empty: what they make holds
-# whatever their memory held, and looked up fails at ids below any bound.
-_LIKE = frozenset({"zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full"})
+# arguments (a fill value, a size) is followed as any op's; what the random ones draw (`randint_like`), as `_DRAWN`'s.
+# Not empty_like nor new_empty: what they make holds whatever their memory held, and looked up fails at ids below
+# any bound.
+_LIKE = frozenset(
+    {"zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "rand_like", "randn_like",
+     "randint_like"}
+)  # fmt: skip
 # Ops whose result holds whatever its memory held, no value set (`torch.empty(ids.shape, dtype=torch.long)`, what
 # `ids.new(2, 3)` makes): none of the ids' values, yet a table looked up at it may fail at any id, of any input
 # (`_Walk.unset`). With `_LIKE`, the shape-only reads: `empty_like` is read as its other ops are.
-_UNSET = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted", "new"})
-# Of _UNSET, those whose dtype is their tensor argument's where none is given; the others' is torch's default, floats.
-_UNSET_LIKE = frozenset({"empty_like", "new_empty", "new_empty_strided", "new"})
+# `resize_` (in place: what shares the tensor's memory, `_Walk.in_place`) leaves what it grows the tensor by unset.
+_UNSET = frozenset(
+    {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted", "new", "resize",
+     "resize_as"}
+)  # fmt: skip
+# Ops whose values are drawn anew at each call (torch's random ops, `p.random_(0, 20)` in place): none of any input's
+# ids, yet looked up they may fail at any id (`torch.randint(0, 20, ids.shape)` in a 16-row table), as `_UNSET`'s
+# may: made of every integer input (`_Walk.unset`), within their range where it is known (`randint`'s high,
+# `randperm`'s n: `_drawn_span`).
+_DRAWN = frozenset(
+    {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal", "poisson",
+     "bernoulli", "multinomial", "binomial", "random", "uniform", "exponential", "geometric", "cauchy", "log_normal"}
+)  # fmt: skip
+# Of _UNSET and _DRAWN, those whose dtype is their tensor argument's where none is given (a drawn one's: integers,
+# the safe side); the others' is torch's default, floats, but for those that make integers (`_DRAWN_INTEGERS`).
+_UNSET_LIKE = frozenset({"empty_like", "new_empty", "new_empty_strided", "new", "resize", "resize_as", "randint_like"})
+_DRAWN_INTEGERS = frozenset({"randint", "randperm", "multinomial", "random"})
 # Ops that make a tensor of one value whatever their arguments (an id among them is read as a size): within 1 or 2
 # rows, as a choice between them is (`torch.where(ids > 50, ids.new_ones(s), ids.new_zeros(s))`: `_Walk.choose`).
 _FILLED = {"zeros_like": 1, "new_zeros": 1, "zeros": 1, "ones_like": 2, "new_ones": 2, "ones": 2}
@@ -318,7 +343,8 @@ class _Walk:
     some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: how, the
     words after "it reaches a table through": the step that left what is followed, the ids, a mask or a `% n` of
     them}), the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those in
-    [0, n) whatever the ids (`within`: value → (n, the `%` op that made it), an integer `% n`), the values whose
+    [0, n) whatever the ids (`within`: value → (n, the words of what made it: `aten::remainder by 200`), an integer
+    `% n`), the values whose
     memory each value made by a view, a cast, a copy, a container's item or an op that may return its argument may
     share (`base`: value → its roots; an in-place change of one changes the others), the floats a table holds that
     were looked up at an input's ids, or an integer table's made floats (`values`: value → {input: how}; no ids, nor
@@ -363,7 +389,9 @@ class _Walk:
         rows, `ids.sub_(1)` fails at 0. Nor is a `% n` made of the same inputs, or sharing `target`'s memory, still
         known within n (`y = ids % 200; y.view(-1).add_(150)`): a value may share memory with it by ways not followed
         (a list's item), so none is. What `target` shares memory with now holds values made of the inputs `sources`
-        are made of (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)` of a `buf` made of none), through `via`."""
+        are made of (`buf.add_(ids)`, `torch.add(ids, 60, out=buf)` of a `buf` made of none), through `via`; where
+        `via` is one of `_UNSET` or `_DRAWN` (`p.random_(0, 20)`, the memory `p.resize_(20)` adds), values that may
+        fail at any id (`unset`)."""
         if _bare(via) in _KEEPS_IN_PLACE:
             return
         shared = self.sharing(target)
@@ -386,9 +414,17 @@ class _Walk:
         held = set(shared)
         for v in [v for v in self.within if v in held or touched & set(self.inputs_of(v))]:
             _, op = self.within.pop(v)
-            # The in-place op, not the `%` before it, is the step not followed (`y = ids % 200; y.view(-1).add_(1)`).
+            # The in-place op, not the `%` before it, is the step not followed (`y = ids % 200; y.view(-1).add_(1)`),
+            # where it changed the `% n` itself (`self.cache = y; self.cache.add_(1)`: no input of `y`'s touched) or
+            # its inputs; ids it wrote in are said as written.
             then = f"{op}, then {via} in place, which wok does not follow"
-            self.mixed[v] = {name: then if name in touched else how for name, how in self.inputs_of(v).items()}
+            self.mixed[v] = {
+                name: then if name in touched or (v in held and name not in written) else how
+                for name, how in self.inputs_of(v).items()
+            }
+        made = _bare(via.removesuffix(" with out="))
+        if made in _UNSET or made in _DRAWN:  # an integer's (the safe side) but where only floats are drawn
+            self.unset(shared, via.removesuffix(" with out="), made in _DRAWN and made not in _DRAWN_INTEGERS)
 
     def sharing(self, target) -> list:
         """The values that may share `target`'s memory, itself among them."""
@@ -500,7 +536,7 @@ class _Walk:
         it is not within, `out`'s inputs are said to reach a table through it, and why."""
         whole = isinstance(divisor, int) and not isinstance(divisor, bool)
         if dtype is not None and whole and 0 < divisor <= _most(dtype):
-            self.within[out] = (divisor, via)
+            self.within[out] = (divisor, f"{via} by {divisor}")
             return
         if out not in self.mixed:
             return
@@ -517,24 +553,33 @@ class _Walk:
             how = f"{via} by a divisor not known at load"
         self.mixed[out] = dict.fromkeys(self.mixed[out], how)
 
-    def unset(self, outs, via: str, floats: bool) -> None:
-        """`outs`, made by op `via` (`_UNSET`), hold whatever their memory held: none of any input's ids, yet a table
-        looked up at them may fail at any id of every input (`torch.empty(ids.shape, dtype=torch.long)` as positions:
-        an id 0 fails as one past the table, and a bound published for the ids would be false). So they are made of
-        every integer input, as values not followed; `floats` (a float dtype): as a table's floats are, positions
-        only once cast (`values`), not read as positions by the layers they go through."""
-        how = f"the values {via} leaves unset (whatever its memory held)"
+    def unset(self, outs, via: str, floats: bool, below: int | None = None, how: str = "") -> None:
+        """`outs`, made by op `via` (`_UNSET`, `_DRAWN`), hold whatever their memory held or what it draws: none of
+        any input's ids, yet a table looked up at them may fail at any id of every input (`torch.empty(ids.shape,
+        dtype=torch.long)` as positions: an id 0 fails as one past the table, and a bound published for the ids would
+        be false). So they are made of every integer input, as values not followed (`how`: their words, where not
+        the op's); `floats` (a float dtype): as a table's floats are, positions only once cast (`values`), not read
+        as positions by the layers they go through. `below`: what `via` draws is in [0, below) (`torch.randint(0,
+        16, ids.shape)`: within a 16-row table)."""
+        if not how:
+            drawn = _bare(via) in _DRAWN
+            how = f"the values {via} draws at each call" if drawn else f"the values {via} leaves unset"
+            how += "" if drawn else " (whatever its memory held)"
         self.unset_hows.add(how)
         made = dict.fromkeys(self.every, how)
         for o in outs if made else ():
+            self.within.pop(o, None)
             if floats:
                 self.values[o] = {**self.values.get(o, {}), **made}
             else:
                 self.mixed[o] = {**self.mixed.get(o, {}), **made}
+                if below is not None:
+                    self.within[o] = (below, f"{via}'s draws below {below}")
 
     def filled(self, out, via: str) -> None:
         """`out`, made by op `via` (`_FILLED`), holds one value whatever its arguments: in [0, n) (`within`)."""
-        self.within[out] = (_FILLED[_bare(via)], f"{via}'s filled value")
+        n = _FILLED[_bare(via)]
+        self.within[out] = (n, f"{via}'s filled value ({n - 1})")
 
     def choose(self, out, via: str, ways: list) -> None:
         """`out`, made by op `via` (`torch.where(cond, a, b)`) of one of `ways`' values at each place: a value of
@@ -590,7 +635,7 @@ class _Walk:
                 self.within[out] = (n, op)
             elif src in self.bools and read and want is not None and _most(want) >= 1:
                 # A bool's 0 or 1 as integers (`emb((ids > 50).long())`): within 2 rows, none of the ids' values.
-                self.within[out] = (2, f"{via} of a mask")
+                self.within[out] = (2, f"{via} of a mask (0 or 1)")
             dtype = self.integer_of(src) if want is None else want
             if dtype is not None and _most(dtype) >= 0:
                 self.integer[out] = dtype
@@ -656,15 +701,13 @@ class _Walk:
                 if n is None:
                     why = f"it reaches {what} through {how}"
                 elif rows is None:
-                    why = f"it reaches {what} through {op} by {n}, whose table's rows cannot be read"
+                    why = f"it reaches {what} through {op}, whose table's rows cannot be read"
                 elif n <= rows:  # `ids % n` stays within n rows: followed, and no id fails there
-                    self.found.unclear.setdefault(
-                        name, f"it reaches {what} through {op} by {n}, within its {rows} rows"
-                    )
+                    self.found.unclear.setdefault(name, f"it reaches {what} through {op}, within its {rows} rows")
                     continue
                 else:
                     past = f"whose results from {rows} to {n - 1} are past its {rows} rows"
-                    why = f"it reaches {what} through {op} by {n}, {past}"
+                    why = f"it reaches {what} through {op}, {past}"
                 self.found.unclear.setdefault(name, why)
                 self.unbounded.setdefault(name, why)
                 continue
@@ -816,7 +859,8 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
         else:
             first = node.args[0] if node.args else None
             walk.derive([node], _values_read(op, ins, first, _fx_nodes([node.args[1:], node.kwargs])), op)
-            _made(walk, node, op, functools.partial(_floats, _fx_val_dtype(node)))
+            span = functools.partial(_schema_span, op, functools.partial(_schema_arg, node))
+            _made(walk, node, op, functools.partial(_floats, _fx_val_dtype(node)), span=span)
             if _bare(op) == "where" and len(node.args) == 3:
                 walk.choose(node, op, [_schema_arg(node, "self"), _schema_arg(node, "other")])
             if op == "aten::remainder" and len(node.args) == 2:
@@ -854,14 +898,49 @@ def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
         walk.share(node, ins)
 
 
-def _made(walk: _Walk, out, op: str, floats, into: bool = False) -> None:
-    """What op `op` not followed as ids made of its arguments' shapes alone, in any form: `out` unset (`_UNSET`;
-    floats where `floats()` says so) or filled with one value (`_FILLED`), where it writes into no tensor given
-    (`into`)."""
-    if _bare(op) in _UNSET:
-        walk.unset([out], op, floats())
+def _made(walk: _Walk, out, op: str, floats, into: bool = False, span=lambda: (None, None)) -> None:
+    """What op `op` not followed as ids made of its arguments' shapes alone, in any form: `out` unset (`_UNSET`) or
+    drawn (`_DRAWN`; floats where `floats()` says so; in [low, high) where `span()` gives both, python ints), or
+    filled with one value (`_FILLED`), where it writes into no tensor given (`into`)."""
+    if _bare(op) in _UNSET or (_bare(op) in _DRAWN and not _is_in_place(op)):
+        walk.unset([out], op, floats(), _below(*span()))
     elif _bare(op) in _FILLED and not into and not _is_in_place(op):
         walk.filled(out, op)
+
+
+def _below(low, high) -> int | None:
+    """The bound of values drawn in [low, high): `high`, where both are python ints and `low` at least 0."""
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
+    return high if ints and 0 <= low < high else None
+
+
+def _drawn_span(op: str, args, kwargs) -> tuple:
+    """The (low, high) a call of torch's `randint`, `randint_like` or `randperm` draws in, as python calls them
+    (`torch.randint(20, size)`, `torch.randint(0, 20, size)`, `torch.randint_like(ids, 20)`, `torch.randperm(n)`);
+    (None, None) for any other op, or a bound not given."""
+    name = _bare(op)
+    if name == "randperm":
+        return 0, args[0] if args else kwargs.get("n")
+    if name == "randint_like":
+        ends = list(args[1:])
+    elif name == "randint":
+        ends = list(args if "size" in kwargs else args[:-1])  # the size last
+    else:
+        return None, None
+    low, high = (0, ends[0]) if len(ends) == 1 else (ends[0], ends[1]) if len(ends) == 2 else (0, None)
+    return kwargs.get("low", low), kwargs.get("high", high)
+
+
+def _schema_span(op: str, arg) -> tuple:
+    """The (low, high) an aten `randint`, `randint_like` or `randperm` draws in, its arguments read by name (`arg`:
+    None where the op has none); (None, None) for any other op."""
+    name = _bare(op)
+    if name == "randperm":
+        return 0, arg("n")
+    if name not in ("randint", "randint_like"):
+        return None, None
+    low = arg("low")
+    return 0 if low is None else low, arg("high")
 
 
 def _floats(dtype: torch.dtype | None) -> bool:
@@ -1097,7 +1176,8 @@ class _Script:
             others = [self.constant(v) for v in ins if v not in tensors]
             walk.mask_op(outs[0], kind, tensors, others, into=_writes_out(node))
         if outs:
-            _made(walk, outs[0], kind, lambda: self.unset_floats(node, kind), into=_writes_out(node))
+            span = functools.partial(_schema_span, kind, functools.partial(self.named_constant, node))
+            _made(walk, outs[0], kind, lambda: self.unset_floats(node, kind), into=_writes_out(node), span=span)
         if _bare(kind) == "where" and len(ins) == 3 and not _writes_out(node):
             walk.choose(outs[0], kind, [self.way(node.namedInput(n)) for n in ("self", "other")])
         if kind == "aten::remainder" and len(ins) == 2:
@@ -1128,12 +1208,21 @@ class _Script:
                 self.walk.share(out, ins)
 
     def unset_floats(self, node, kind: str) -> bool:
-        """Whether an op of `_UNSET` makes floats: its dtype given, or where none is, torch's default (floats) but for
-        those of `_UNSET_LIKE`, whose tensor's dtype is not known to be floats. A dtype not read: not floats."""
+        """Whether an op of `_UNSET` or `_DRAWN` makes floats: its dtype given, or where none is, torch's default
+        (floats) but for those of `_UNSET_LIKE`, whose tensor's dtype is not known to be floats, and of
+        `_DRAWN_INTEGERS`. A dtype not read: not floats."""
         dtype, read = _script_dtype(node)
         if dtype is None:
-            return read and _bare(kind) not in _UNSET_LIKE
+            return read and _bare(kind) not in _UNSET_LIKE and _bare(kind) not in _DRAWN_INTEGERS
         return read and _floats(dtype)
+
+    def named_constant(self, node, name: str):
+        """The value a node's argument `name` always has (`constant`; _UNKNOWN where not known); None where its op
+        has no such argument."""
+        try:
+            return self.constant(node.namedInput(name))
+        except RuntimeError:
+            return None
 
     def way(self, value):
         """One of `torch.where`'s values as `_Walk.choose` takes it: a tensor of the graph, or a constant's value."""
@@ -1297,6 +1386,10 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
             # constant, each view of it another (`buf.view(-1)`): any may share memory with any other, so what one is
             # written with (`torch.add(ids, 60, out=buf)`) any read after may hold, as TorchScript's reads of `self`.
             walk.alias(node, state)
+            if _MADE_AT_TRACE in node.meta:  # a constant the trace made of what forward makes anew at each call
+                op, low, high, floats = node.meta[_MADE_AT_TRACE]
+                how = "" if op else f"the values of {node.target}, made by forward by no torch function wok sees"
+                walk.unset([node], op, floats, _below(low, high), how + " (whatever its memory held)" if how else "")
             continue
         if node.op in ("placeholder", "output"):
             continue
@@ -1529,7 +1622,8 @@ def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -
         others = [a for a in given if not isinstance(a, torch.fx.Node)]
         walk.mask_op(node, name or shown, tensors, others, into=into)
     if name is not None:
-        _made(walk, node, name, lambda: _fx_unset_floats(node, name), into=into)
+        span = functools.partial(_drawn_span, name, node.args, node.kwargs)
+        _made(walk, node, name, lambda: _fx_unset_floats(node, name), into=into, span=span)
     if name == "where" and not into and len(args) + len(node.kwargs) == 3:
         # `torch.where(condition, input, other)`; the method's tensor is its input: `x.where(condition, other)`.
         method = node.op == "call_method" or target is torch.Tensor.where
@@ -1552,12 +1646,13 @@ def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -
 
 
 def _fx_unset_floats(node, name: str) -> bool:
-    """Whether an op of `_UNSET` called in an fx graph makes floats (`_Script.unset_floats`): its dtype given, or
-    torch's default, but for those of `_UNSET_LIKE`, whose tensor's dtype is not known."""
+    """Whether an op of `_UNSET` or `_DRAWN` called in an fx graph makes floats (`_Script.unset_floats`): its dtype
+    given, or torch's default, but for those of `_UNSET_LIKE`, whose tensor's dtype is not known, and of
+    `_DRAWN_INTEGERS`."""
     given = node.kwargs.get("dtype")
     if isinstance(given, torch.dtype):
         return _floats(given)
-    return given is None and _bare(name) not in _UNSET_LIKE
+    return given is None and _bare(name) not in _UNSET_LIKE and _bare(name) not in _DRAWN_INTEGERS
 
 
 def _py_operator(target) -> bool:
@@ -1634,6 +1729,77 @@ class _AssignedAttribute(_Assigned, torch.fx.proxy.Attribute):
     pass
 
 
+# The key of a get_attr node's meta that says what the constant it reads holds where it is not the same at each call:
+# (the op that made it, low, high: `_TraceMade.of`; whether it holds floats).
+_MADE_AT_TRACE = "wok_made_at_trace"
+# What a tensor the trace saw made holds where it is not the same at each call, by the op that made it (`_TraceMade`).
+_NOT_SEEN = ""
+
+
+class _TraceMade(TorchFunctionMode):
+    """What a python forward does to tensors, not proxies, torch.fx's trace does once, as it traces, and makes the
+    result a constant of the graph (`torch.empty(2, 5, dtype=torch.long)`, `torch.randint(0, 20, (2, 5))`,
+    `torch.arange(5)`): served, forward makes it again at each call, and what `empty` leaves or `randint` draws is
+    not what the trace held. So each tensor made as the trace runs is recorded, by its memory: the same values at
+    each call (None) where a torch function made it of values that are (the module's tensors, python numbers); else
+    the op of `_UNSET` or `_DRAWN` whose values it holds (`p = torch.zeros(2, 5, dtype=torch.long); p.random_(0, 20)`
+    too), with what it draws in (`_drawn_span`); `_NOT_SEEN` where its memory was made by no call seen here
+    (`torch.LongTensor(2, 5)`, a legacy constructor, and `torch.from_numpy`: no torch function; a tensor held in a
+    global list, the safe side). The trace's constants are read from it (`_OwnThreadTracer.create_arg`). A mode is
+    the calling thread's alone: another thread's calls are not seen, nor changed."""
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        super().__init__()
+        self.made: dict[int, tuple | None] = {}
+        self.kept: list[torch.Tensor] = []  # held while the trace runs: no memory recorded is freed and made again
+        for module in root.modules():
+            if isinstance(module, torch.jit.ScriptModule):  # a leaf of the trace, walked as TorchScript
+                continue
+            # A global of its forward's module (`POSITIONS = torch.arange(5)`) was made before the trace, as its
+            # attributes were: the same at each call, but for what forward changes (recorded as it does).
+            named = getattr(getattr(type(module), "forward", None), "__globals__", {}).values()
+            for held in (*module._parameters.values(), *module._buffers.values(), *vars(module).values(), *named):
+                if isinstance(held, torch.Tensor):
+                    self._record(held, None)
+
+    @staticmethod
+    def _memory(t: torch.Tensor) -> int:
+        try:
+            return t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own (sparse, nested)
+            return id(t)
+
+    def _record(self, t: torch.Tensor, made: tuple | None) -> None:
+        self.kept.append(t)
+        self.made[self._memory(t)] = made
+
+    def of(self, t: torch.Tensor) -> tuple | None:
+        """What a tensor holds: None, the same values at each call; else (op, low, high) of what made it."""
+        return self.made.get(self._memory(t), (_NOT_SEEN, None, None))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        given = torch.utils._pytree.tree_leaves((args, kwargs))
+        if any(isinstance(a, torch.fx.Proxy) for a in given):
+            return result  # the graph's: followed in it
+        name = getattr(func, "__name__", "")
+        if _bare(name) in _UNSET or _bare(name) in _DRAWN:
+            made = (name, *_drawn_span(name, args, kwargs))
+        else:  # made of what is not the same at each call, past the op that drew it: in no range known
+            made = next(((m[0], None, None) for a in given if isinstance(a, torch.Tensor) and (m := self.of(a))), None)
+        outs = [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+        changed = _is_in_place(name) or name == "__setitem__" or "out" in kwargs
+        if changed and args and isinstance(args[0], torch.Tensor) and "out" not in kwargs:
+            outs.append(args[0])
+        outs += [t for t in torch.utils._pytree.tree_leaves(kwargs.get("out")) if isinstance(t, torch.Tensor)]
+        for t in outs:
+            # Changed in place by values the same at each call, a tensor holds what it held: `p.fill_(3)` of `p =
+            # torch.empty(...)` is still taken as unset, as the graph forms take it.
+            self._record(t, made if made is not None or not changed else self.of(t))
+        return result
+
+
 class _OwnThreadTracer(torch.fx.Tracer):
     """torch.fx's Tracer, for its own thread alone. Its trace replaces nn.Module.__call__ and __getattr__ for the
     whole process while it runs, so another thread's module call (another model's batch, a TorchScript one too) went
@@ -1687,6 +1853,22 @@ class _OwnThreadTracer(torch.fx.Tracer):
 
     def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
         return _AssignedProxy(node, self)
+
+    def trace(self, root, concrete_args=None):
+        self._made = _TraceMade(root) if isinstance(root, torch.nn.Module) else None
+        with self._made or contextlib.nullcontext():
+            return super().trace(root, concrete_args)
+
+    def create_arg(self, a):
+        """As torch.fx's, with what a tensor forward made as it was traced (a constant of the graph) holds where it
+        is not the same at each call (`_TraceMade`) kept in the meta of the node that reads it."""
+        arg = super().create_arg(a)
+        made = getattr(self, "_made", None)
+        if made is not None and isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter):
+            held = made.of(a)
+            if held is not None and isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                arg.meta[_MADE_AT_TRACE] = (*held, _floats(a.dtype))
+        return arg
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return isinstance(m, torch.jit.ScriptModule) or super().is_leaf_module(m, module_qualified_name)

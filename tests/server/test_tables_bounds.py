@@ -531,7 +531,13 @@ def test_the_start_up_names_the_step_not_followed_after_a_remainder():
         (RemainderPastRows, torch.int64, 300, {}, " by 200, whose results from 150 to 199 are past its 150 rows"),
         (NarrowRemainder, torch.int8, 100, {}, " by 200, past what int8 holds (127)"),
         (RoundedRemainder, torch.int64, 70_000, {}, " of values not known to be integers"),
-        (RemainderChangedThroughAView, torch.int64, 100, {}, ", then {add_} in place, which wok does not follow"),
+        (
+            RemainderChangedThroughAView,
+            torch.int64,
+            100,
+            {},
+            " by 200, then {add_} in place, which wok does not follow",
+        ),
     )
     for cls, dtype, rows, ops, tail in cases:
         for kind, model in _forms(cls(), (torch.zeros(1, 3, dtype=dtype),)).items():
@@ -598,7 +604,7 @@ def test_a_mask_reshaped_stays_a_mask():
         )
         assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
         # The cast of a comparison holds 0 or 1: past one's single row.
-        past = "of a mask by 2, whose results from 1 to 1 are past its 1 rows"
+        past = "of a mask (0 or 1), whose results from 1 to 1 are past its 1 rows"
         assert found.unpublished == {"ids": f"it reaches {how} {past}"}, kind
 
 

@@ -260,7 +260,7 @@ def test_a_comparison_cast_to_integers_is_within_two_rows():
     for kind, model in _forms(Compared()).items():
         found = id_ranges(model, ["ids"], I64)
         assert (found.bounds, found.rows) == ({"ids": V}, {"ids": V}), (kind, found.unpublished)
-        assert found.unclear["ids"].endswith("of a mask by 2, within its 2 rows"), found.unclear
+        assert found.unclear["ids"].endswith("of a mask (0 or 1), within its 2 rows"), found.unclear
         _serves_below_and_fails_at(model, V)
     module = ComparedOneRow().eval()
     with pytest.raises(IndexError):
