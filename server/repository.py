@@ -911,7 +911,8 @@ def load_model(root: Path, name: str) -> Servable:
         return _load(root, *named[0])
     if name in refused:
         raise refused[name]
-    known = ", ".join(sorted(cfg.name for _, cfg in found)) or "(none)"
+    # A set: two siblings of one name (theirs to clash, not refused here) were listed twice.
+    known = ", ".join(sorted({cfg.name for _, cfg in found})) or "(none)"
     unread = f" (and the folders whose config is refused: {', '.join(sorted(refused))})" if refused else ""
     raise ModelNotFound(f"unknown model {quoted_name(name)}; model repository {root} holds: {known}{unread}")
 

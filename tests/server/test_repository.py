@@ -1621,6 +1621,17 @@ def test_load_model_builds_the_model_named_and_refuses_one_named_twice(tmp_path)
     )
 
 
+def test_load_model_names_a_sibling_named_twice_once(tmp_path):
+    """A name two siblings' configs give was listed twice where the name asked is missing ("holds: c, same, same"):
+    the siblings' clash is theirs, not refused here, and the list names the models there."""
+    for folder in ("a", "b"):
+        model_dir(tmp_path, folder, "python", extra='name = "same"\nfactory = "torch.nn:Identity"', out_dims="[4]")
+    model_dir(tmp_path, "c", "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
+    with pytest.raises(ModelNotFound) as info:
+        load_model(tmp_path, "a")
+    assert str(info.value) == f"unknown model 'a'; model repository {tmp_path} holds: c, same"
+
+
 def test_a_bad_demo_name_or_option_is_a_config_error():
     with pytest.raises(ConfigError) as info:
         ModelRepository.demo(["gpt"])
