@@ -158,6 +158,7 @@ class WokServer:
         self.service: InferenceService | None = None
         # Set when a stop (or a cancelled start) gave up on a model thread (`abandoned_work`).
         self._gave_up = False
+        self._given_up: set[str] = set()  # the models whose executor's shutdown a stop gave up waiting for
         self.runtimes: dict[str, ModelRuntime] = {}
         self.port: int | None = None
         self.health_port: int | None = None
@@ -730,7 +731,11 @@ class WokServer:
             raise failures[0]
 
     async def _shutdown_executors(self, left) -> None:
-        executors = {rt.servable.name: rt.executor for rt in self.runtimes.values()}
+        # Not those a stop left partway (an interrupt in its joins) gave up on: their shutdown runs on in its thread,
+        # and waited for again each was said given up twice, the next stop held another second.
+        executors = {
+            rt.servable.name: rt.executor for rt in self.runtimes.values() if rt.servable.name not in self._given_up
+        }
         await self._shutdown_within(executors, left, "after the grace period")
 
     async def _shutdown_within(self, executors: dict[str, Executor], left, when: str, last: bool = False) -> None:
@@ -782,6 +787,10 @@ class WokServer:
         """Say the executor shutdowns' `failures` (by model name) that a _shutdown_within ended `how` ("cancelled",
         "interrupted") did not: a stop's fail the stop that finishes it; `last` (a start's clean-up, which the
         cancellation or interrupt ends) raises none."""
+        if not last:
+            # Kept before they are said, as a step's failure is: an interrupt in the saying (a log handler's write)
+            # lost them, and the stop that finished this one returned.
+            self._stop_failures.extend(exc for _, exc in failures)
         for name, exc in failures:
             if last:
                 log.error("model '%s': its executor's shutdown failed %s", name, when, exc_info=exc)
@@ -792,7 +801,6 @@ class WokServer:
                     how,
                     exc_info=exc,
                 )
-                self._stop_failures.append(exc)
 
     def _give_up(self, ends: dict, pending: set, when: str, last: bool) -> list[tuple[str, BaseException]]:
         """_shutdown_within's end: the models whose shutdown's `end` is `pending` are logged and given up on, the
@@ -806,10 +814,12 @@ class WokServer:
         failures = [(name, exc) for name, exc in failures if exc is not None]
         for end, (name, _) in ends.items():
             if end in pending:
-                # A batch stuck in the model: its thread cannot be interrupted from Python.
-                log.error("model '%s' is still running a batch %s", name, when)
+                # A batch stuck in the model: its thread cannot be interrupted from Python. Given up before it is
+                # said: an interrupt in the saying left it to the next stop, which waited for it and said it again.
                 self._gave_up = True
+                self._given_up.add(name)
                 end.cancel()  # its thread, ending later, then sets nothing
+                log.error("model '%s' is still running a batch %s", name, when)
         try:
             for end, (_, thread) in ends.items():
                 if end not in pending:

@@ -644,6 +644,20 @@ class _InterruptedAfter(set):
         super().add(what)
 
 
+class _InterruptedOnce(logging.Handler):
+    """An ERROR handler that keeps the records in `records` and raises a KeyboardInterrupt in the first one's write:
+    an interrupt as a line is said."""
+
+    def __init__(self, records: list) -> None:
+        super().__init__(logging.ERROR)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if len(self.records) == 1:
+            raise KeyboardInterrupt
+
+
 def test_a_stop_interrupted_after_a_step_ran_runs_it_again_harmlessly(gated_model, caplog, monkeypatch):
     """The next stop runs again a step that an interrupt left unrecorded (fd2170d): one that had run to its end ran
     twice. The metrics' close unregistered from the registry again (KeyError: the stop failed, status 1 in `wok serve`),
@@ -724,8 +738,6 @@ def test_finished_shutdowns_left_by_an_interrupt_in_a_join_are_said_and_fail_the
     the first, as after a stop cancelled in that wait."""
     import gc
 
-    from wok import app
-
     (first, _), (second, _) = (gated_model(max_batch_size=1, delay_ms=1.0, name=name) for name in ("a", "b"))
     loop = asyncio.new_event_loop()
     unretrieved = []
@@ -745,29 +757,7 @@ def test_finished_shutdowns_left_by_an_interrupt_in_a_join_are_said_and_fail_the
 
             monkeypatch.setattr(executor, "shutdown", failing)
 
-        class InterruptedJoin:
-            """Model a's shutdown thread, whose first join raises a KeyboardInterrupt once the thread has ended."""
-
-            def __init__(self, thread: threading.Thread) -> None:
-                self.thread, self.interrupted = thread, False
-
-            def join(self, timeout=None) -> None:
-                self.thread.join(timeout)
-                if not self.interrupted:
-                    self.interrupted = True
-                    raise KeyboardInterrupt
-
-        joins = []
-
-        def on_own_thread(loop, executor, name):
-            end, thread = real_on_own_thread(loop, executor, name)
-            if name == "a" and not joins:
-                joins.append(InterruptedJoin(thread))
-                return end, joins[-1]
-            return end, thread
-
-        real_on_own_thread = app._shutdown_on_own_thread
-        monkeypatch.setattr(app, "_shutdown_on_own_thread", on_own_thread)
+        joins = _interrupt_the_first_join_of("a", monkeypatch)
         records = []
         handler = logging.Handler(logging.ERROR)
         handler.emit = records.append
@@ -807,14 +797,7 @@ def test_a_steps_failure_whose_saying_an_interrupt_cut_is_said_once(gated_model,
     servable, _ = gated_model(max_batch_size=1, delay_ms=1.0)
     loop = asyncio.new_event_loop()
     records = []
-
-    class InterruptedOnce(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-            if len(records) == 1:
-                raise KeyboardInterrupt
-
-    handler = InterruptedOnce(logging.ERROR)
+    handler = _InterruptedOnce(records)
     logging.getLogger("wok").addHandler(handler)
     try:
         server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
@@ -840,4 +823,144 @@ def test_a_steps_failure_whose_saying_an_interrupt_cut_is_said_once(gated_model,
         assert all(executor_ended(inst) for inst in instances(server))
     finally:
         logging.getLogger("wok").removeHandler(handler)
+        loop.close()
+
+
+class _JoinInterruptedOnce:
+    """A shutdown's thread whose first join raises a KeyboardInterrupt once the thread has ended (a Ctrl-C under a
+    plain run_until_complete, landing in the executors' step's joins)."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        self.thread, self.interrupted = thread, False
+
+    def join(self, timeout=None) -> None:
+        self.thread.join(timeout)
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+
+
+def _interrupt_the_first_join_of(model: str, monkeypatch) -> list[_JoinInterruptedOnce]:
+    from wok import app
+
+    joins = []
+
+    def on_own_thread(loop, executor, name):
+        end, thread = real_on_own_thread(loop, executor, name)
+        if name == model and not joins:
+            joins.append(_JoinInterruptedOnce(thread))
+            return end, joins[-1]
+        return end, thread
+
+    real_on_own_thread = app._shutdown_on_own_thread
+    monkeypatch.setattr(app, "_shutdown_on_own_thread", on_own_thread)
+    return joins
+
+
+def test_a_model_given_up_on_by_a_stop_an_interrupt_cut_is_said_once(gated_model, monkeypatch):
+    """Model b stuck in a batch, the executors' step interrupted as it joined model a's thread: b, given up on before
+    the joins (b9c1ce7), was waited for again by the next stop (another second) and said given up twice. Its
+    shutdown runs on in the thread the first stop gave up on: the next stop leaves it there."""
+    (first, _), (second, module) = (
+        gated_model(max_batch_size=1, delay_ms=1.0, name="a"),
+        gated_model(max_batch_size=1, delay_ms=1.0, name="b", enter_when_closed=True),
+    )
+    loop = asyncio.new_event_loop()
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logging.getLogger("wok").addHandler(handler)
+    try:
+        server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([first, second], "test"))
+        loop.run_until_complete(server.start())
+        port = server.port
+        joins = _interrupt_the_first_join_of("a", monkeypatch)
+        module.gate.clear()
+        server.runtime("b").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        assert loop.run_until_complete(asyncio.to_thread(module.entered.wait, 10)), "the batch never reached b"
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(server.stop(grace=0.2))
+        assert joins[0].interrupted
+        loop.run_until_complete(asyncio.wait_for(server.stop(grace=0.2), 30))
+        assert [r.getMessage() for r in records] == ["model 'b' is still running a batch after the grace period"]
+        assert server.abandoned_work
+        assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
+        assert all(executor_ended(inst) for inst in server.runtime("a").executor.instances)
+        (left,) = [t for t in threading.enumerate() if t.name == "wok-b-shutdown"]  # the first stop's, alone
+        module.gate.set()
+        left.join(10)  # b's shutdown ends in it once its batch does
+        assert not left.is_alive()
+    finally:
+        logging.getLogger("wok").removeHandler(handler)
+        module.gate.set()
+        loop.close()
+
+
+def test_a_failed_shutdown_whose_saying_an_interrupt_cut_after_an_interrupted_join_fails_the_next_stop(
+    gated_model, monkeypatch
+):
+    """A stop interrupted in its joins says the failed shutdowns it read (b9c1ce7), and kept each only once said: a
+    second interrupt in the saying (a log handler's write) lost it, and the next stop returned. Kept first, as a
+    step's failure is: the next stop raises it, said once."""
+    servable, _ = gated_model(max_batch_size=1, delay_ms=1.0, name="a")
+    loop = asyncio.new_event_loop()
+    records = []
+    handler = _InterruptedOnce(records)
+    logging.getLogger("wok").addHandler(handler)
+    try:
+        server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+        loop.run_until_complete(server.start())
+        executor = server.runtime("a").executor
+        failures = []
+
+        def failing(real=executor.shutdown) -> None:
+            real()
+            if not failures:  # the first shutdown only
+                failures.append(RuntimeError("test: model a's shutdown failed"))
+                raise failures[0]
+
+        monkeypatch.setattr(executor, "shutdown", failing)
+        joins = _interrupt_the_first_join_of("a", monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(server.stop(grace=5.0))
+        assert joins[0].interrupted and len(records) == 1
+        with pytest.raises(RuntimeError) as failed:
+            loop.run_until_complete(asyncio.wait_for(server.stop(grace=5.0), 30))
+        assert failed.value is failures[0]
+        assert [(r.getMessage(), r.exc_info[1]) for r in records] == [
+            (
+                "stopping: model 'a': its executor's shutdown failed, after the stop that waited for it was "
+                "interrupted",
+                failures[0],
+            )
+        ]
+        assert all(executor_ended(inst) for inst in instances(server))
+    finally:
+        logging.getLogger("wok").removeHandler(handler)
+        loop.close()
+
+
+def test_a_model_given_up_on_as_an_interrupt_cut_its_line_is_said_once(gated_model):
+    """An interrupt in the line saying a stuck model given up on (a log handler's write) left it not given up: the
+    next stop waited for it again and said it again. Given up before it is said."""
+    servable, module = gated_model(max_batch_size=1, delay_ms=1.0, enter_when_closed=True)
+    loop = asyncio.new_event_loop()
+    records = []
+    handler = _InterruptedOnce(records)
+    logging.getLogger("wok").addHandler(handler)
+    try:
+        server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+        loop.run_until_complete(server.start())
+        module.gate.clear()
+        server.runtime("gated").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        assert loop.run_until_complete(asyncio.to_thread(module.entered.wait, 10)), "the batch never reached the model"
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(server.stop(grace=0.2))
+        assert server.abandoned_work
+        loop.run_until_complete(asyncio.wait_for(server.stop(grace=0.2), 30))
+        assert [r.getMessage() for r in records] == ["model 'gated' is still running a batch after the grace period"]
+        assert server.abandoned_work
+    finally:
+        logging.getLogger("wok").removeHandler(handler)
+        module.gate.set()
         loop.close()
