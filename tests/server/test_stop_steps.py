@@ -876,7 +876,7 @@ def test_a_model_given_up_on_by_a_stop_an_interrupt_cut_is_said_once(gated_model
         port = server.port
         joins = _interrupt_the_first_join_of("a", monkeypatch)
         module.gate.clear()
-        server.runtime("b").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        pending = server.runtime("b").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
         assert loop.run_until_complete(asyncio.to_thread(module.entered.wait, 10)), "the batch never reached b"
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(server.stop(grace=0.2))
@@ -886,6 +886,7 @@ def test_a_model_given_up_on_by_a_stop_an_interrupt_cut_is_said_once(gated_model
         assert server.abandoned_work
         assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
         assert all(executor_ended(inst) for inst in server.runtime("a").executor.instances)
+        assert isinstance(pending.future.exception(), ShuttingDown)  # retrieved: no "never retrieved" at its end
         (left,) = [t for t in threading.enumerate() if t.name == "wok-b-shutdown"]  # the first stop's, alone
         module.gate.set()
         left.join(10)  # b's shutdown ends in it once its batch does
@@ -952,7 +953,7 @@ def test_a_model_given_up_on_as_an_interrupt_cut_its_line_is_said_once(gated_mod
         server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
         loop.run_until_complete(server.start())
         module.gate.clear()
-        server.runtime("gated").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        pending = server.runtime("gated").batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
         assert loop.run_until_complete(asyncio.to_thread(module.entered.wait, 10)), "the batch never reached the model"
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(server.stop(grace=0.2))
@@ -960,6 +961,7 @@ def test_a_model_given_up_on_as_an_interrupt_cut_its_line_is_said_once(gated_mod
         loop.run_until_complete(asyncio.wait_for(server.stop(grace=0.2), 30))
         assert [r.getMessage() for r in records] == ["model 'gated' is still running a batch after the grace period"]
         assert server.abandoned_work
+        assert isinstance(pending.future.exception(), ShuttingDown)  # retrieved: no "never retrieved" at its end
     finally:
         logging.getLogger("wok").removeHandler(handler)
         module.gate.set()
