@@ -4,14 +4,15 @@ loop (the batcher's FailureLog) has what is held told at the window's end as wel
 of refusals on a Throttle armed on the loop: the first at once, those that follow within the window in one line
 at its end, with their count; the bearer-token interceptor's (server/auth.py) and the metrics port's connection
 cap (server/http.py). And TracebackLog, failures of one kind on the request path each logged with its traceback at most
-once a window, armed on the loop it fails on: a model's own check and batch_key (servable.CheckFailureLog) and the
-handlers' unexpected errors (server/service.py)."""
+once a window, with a timer of its own on each loop it fails on (servers on loops in several threads share one): a
+model's own check and batch_key (servable.CheckFailureLog) and the handlers' unexpected errors (server/service.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -63,15 +64,24 @@ class Throttle:
 
     def _window_ended(self) -> None:
         self.window_end = None
-        if not self.held or self._loop is None:
+        if self._loop is None:
             return
+        wait = self.ended(self._tell)
+        if wait:
+            self.window_end = self._loop.call_later(wait, self._window_ended)
+
+    def ended(self, tell: Callable[[int], bool]) -> float:
+        """A window's timer ran: what is held is told by `tell(held)` if the window is over; else the seconds left of
+        it, to wait again (0: nothing to wait for)."""
+        if not self.held:
+            return 0.0
         left = self.left()
         if left > 0:  # the loop's clock ran ahead of the throttle's, or the window grew meanwhile
-            self.window_end = self._loop.call_later(left, self._window_ended)
-            return
+            return left
         held, self.held = self.held, 0
-        if self._tell(held):
+        if tell(held):
             self._last = self.clock()
+        return 0.0
 
 
 class WindowedWarning:
@@ -111,51 +121,69 @@ class WindowedWarning:
 
 class TracebackLog:
     """Failures of one kind at `level` in `logger`, with the exception's traceback: the first at once, then at most
-    one line a window (`every_s`), which counts those held since the last line (`counted` names them). A failure on a
-    running event loop arms the throttle there, so that what a window held is told at its end, in one line with no
-    traceback that counts them by exception type: a flood writes its first traceback and then one line a window, and
-    a burst that stops is still told. `close()` tells what is still held and leaves no timer on the loop; a failure
-    after it is logged at once, with its traceback, and arms nothing, until `open()`: a server opens the logs it
-    serves with at its start and closes them at its stop, so that a servable served again (by a second server in the
-    process) is rate-limited again; while another server that opened it still serves, a close leaves it open. Off any
-    loop (`wok profile` runs a model's check), what is held is told in the next line. `subject`: the lines' words,
-    "model 'm': its check (model:check) failed"; `failed(exc, line)` may word its own line for the first."""
+    one line a window (`every_s`), which counts those held since the last line (`counted` names them). A failure held
+    on a running event loop arms a timer there (`window_ends`, one per loop), so that what a window held is told at its
+    end, in one line with no traceback that counts them by exception type: a flood writes its first traceback and then
+    one line a window, and a burst that stops is still told. `close()` tells what is still held and leaves no timer on
+    the loop; a failure after it is logged at once, with its traceback, and arms nothing, until `open()`: a server
+    opens the logs it serves with at its start and closes them at its stop, so that a servable served again (by a
+    second server in the process) is rate-limited again; while another server that opened it still serves, a close
+    leaves it open. Servers on loops in different threads share a servable's log: its state is changed under a lock,
+    and each loop's timer is armed and cancelled on that loop's own thread alone. Off any loop (`wok profile` runs a
+    model's check), what is held is told in the next line. `subject`: the lines' words, "model 'm': its check
+    (model:check) failed"; `failed(exc, line)` may word its own line for the first."""
 
     def __init__(self, logger: logging.Logger, level: int, subject: str, counted: str, every_s: float = 10.0) -> None:
         self.logger = logger
         self.level = level
         self.subject = subject
         self.counted = counted
-        self.throttle = Throttle(every_s)
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the throttle is armed on
+        self.throttle = Throttle(every_s)  # never armed: its windows' timers are the log's, on each loop
+        # By loop, the timer that tells what is held at the window's end, armed by a failure held on that loop. One per
+        # loop: a timer armed on one loop and cancelled or re-armed from another loop's thread (asyncio's handles and
+        # uvloop's libuv timers are their loop's thread's alone) raced that loop.
+        self.window_ends: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle] = {}
+        # Reentrant: a logging handler that fails a request of the same model (its own check) would deadlock a Lock.
+        self._lock = threading.RLock()
         self._types: dict[str, int] = {}  # what is held, by exception type's name
         self._closed = False
         self._opened = 0  # the servers serving with it now: each open()s it at its start and close()s it at its stop
 
     def failed(self, exc: BaseException, line: str | None = None) -> None:
-        if self._closed:
-            # At the stop no timer would tell what a window held (the loop ends), and a timer armed now would
-            # outlive the stop's close: told now, each whole (the stop handles no request: a few at most).
-            self.logger.log(self.level, "%s", line or self.subject, exc_info=exc)
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        if loop is not self._loop:
-            held = self.throttle.disarm()  # a timer on another loop (a server stopped, its loop closed) never runs
-            self.throttle.held = held
-            if loop is not None:
-                self.throttle.arm(loop, self._tell_held)
-            self._loop = loop
-        held = self.throttle.due()
-        if held is None:
-            name = type(exc).__name__
-            self._types[name] = self._types.get(name, 0) + 1
-            return
-        self._types.clear()  # counted in this line
-        more = f" ({held} more {self.counted} since the last logged)" if held else ""
-        self.logger.log(self.level, "%s%s", line or self.subject, more, exc_info=exc)
+        with self._lock:
+            if self._closed:
+                # At the stop no timer would tell what a window held (the loop ends), and a timer armed now would
+                # outlive the stop's close: told now, each whole (the stop handles no request: a few at most).
+                self.logger.log(self.level, "%s", line or self.subject, exc_info=exc)
+                return
+            held = self.throttle.due()
+            if held is None:
+                name = type(exc).__name__
+                self._types[name] = self._types.get(name, 0) + 1
+                if loop is not None and loop not in self.window_ends:
+                    self._forget_closed_loops()
+                    self.window_ends[loop] = loop.call_later(self.throttle.left(), self._window_ended, loop)
+                return
+            self._types.clear()  # counted in this line
+            more = f" ({held} more {self.counted} since the last logged)" if held else ""
+            self.logger.log(self.level, "%s%s", line or self.subject, more, exc_info=exc)
+
+    def _window_ended(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A window's timer on `loop`, run by it: what any loop held, told once the window is over."""
+        with self._lock:
+            del self.window_ends[loop]  # only this loop's thread cancels its timer, which then never runs: this one
+            wait = self.throttle.ended(self._tell_held)
+            if wait:
+                self.window_ends[loop] = loop.call_later(wait, self._window_ended, loop)
+
+    def _forget_closed_loops(self) -> None:
+        # A server stopped, its loop closed without the log's close (a test's asyncio.run): that timer never runs.
+        for loop in [loop for loop in self.window_ends if loop.is_closed()]:
+            del self.window_ends[loop]
 
     def _tell_held(self, held: int, why: str = "") -> bool:
         types = ", ".join(f"{name}: {n}" for name, n in sorted(self._types.items(), key=lambda kv: -kv[1]))
@@ -167,25 +195,37 @@ class TracebackLog:
     def open(self) -> None:
         """A server starts serving with it: its failures are rate-limited (again, after a close), until every server
         that opened it has closed it."""
-        self._opened += 1
-        self._closed = False
+        with self._lock:
+            self._opened += 1
+            self._closed = False
 
     def close(self) -> None:
-        """Tell what is held now and leave no timer on the loop; unless another server that opened it still serves,
-        a later failure is logged at once (`failed`), until the next `open()`. A close with no server left to close
-        it (more closes than opens) is a bug of the caller's: RuntimeError. What a window held is the log's, of
-        every server serving with it (a servable's check and batch_key run in each, one line a window for all,
-        and a failure does not say whose request it was), told as any of them stops: the timer that would tell it at
-        the window's end may be on the loop that server's stop ends."""
-        if not self._opened:
-            raise RuntimeError(f"{self.subject}: its log was closed more times than it was opened")
-        servers = self._opened
-        self._opened -= 1
-        self._closed = not self._opened
-        held = self.throttle.disarm()
-        self._loop = None
-        if held:
-            if servers == 1:
-                self._tell_held(held, ", as the server stops")
-            else:
-                self._tell_held(held, f", as one of the {servers} servers serving it stops (counted in all of them)")
+        """Tell what is held now and leave no timer on the running loop (that of the server whose stop closes it);
+        unless another server that opened it still serves, a later failure is logged at once (`failed`), until the
+        next `open()`. A close with no server left to close it (more closes than opens) is a bug of the caller's:
+        RuntimeError. What a window held is the log's, of every server serving with it (a servable's check and
+        batch_key run in each, one line a window for all, and a failure does not say whose request it was), told as
+        any of them stops: the timer that would tell it at the window's end may be on the loop that server's stop
+        ends. A timer on another loop is left to it (each server's stop cancels its own loop's): it finds nothing
+        held, or what was held since, at its window's end."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        with self._lock:
+            if not self._opened:
+                raise RuntimeError(f"{self.subject}: its log was closed more times than it was opened")
+            servers = self._opened
+            self._opened -= 1
+            self._closed = not self._opened
+            self._forget_closed_loops()
+            if running in self.window_ends:
+                self.window_ends.pop(running).cancel()
+            held, self.throttle.held = self.throttle.held, 0
+            if held:
+                if servers == 1:
+                    self._tell_held(held, ", as the server stops")
+                else:
+                    self._tell_held(
+                        held, f", as one of the {servers} servers serving it stops (counted in all of them)"
+                    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from contextlib import asynccontextmanager
 
 import grpc
@@ -175,7 +176,7 @@ async def test_a_burst_of_check_failures_that_stops_is_told_at_its_windows_end_a
         f"model 'own': its check ({what}) failed 2 more times since the last logged (ValueError: 2), "
         "as the server stops"
     )
-    assert throttle.window_end is None  # nothing left on the loop
+    assert not s.check_failures.window_ends  # nothing left on the loop
 
 
 class BuggyKey(Servable):
@@ -251,7 +252,7 @@ async def test_a_servable_served_again_by_a_second_server_is_rate_limited_as_by_
             assert stopped.getMessage() == (
                 f"{line} 9 more times since the last logged (ValueError: 9), as the server stops"
             ), server_no
-            assert failures.throttle.window_end is None  # nothing left on the stopped server's loop
+            assert not failures.window_ends  # nothing left on the stopped server's loop
 
 
 async def test_a_servable_two_servers_serve_stays_rate_limited_on_the_one_left_when_the_other_stops(caplog):
@@ -363,6 +364,107 @@ def test_a_stop_interrupted_as_it_tells_a_logs_held_failures_is_finished_closing
         for server in started:
             loop.run_until_complete(server.stop(grace=5.0))
         loop.close()
+
+
+class _ThreadCheckedLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop in debug mode, which refuses a callback scheduled from a thread other than its own (call_soon,
+    call_later: the error its callback or caller raised is recorded in `errors`) but lets a timer be cancelled from
+    one: counted here (`foreign_cancels`). Under uvloop such a cancel stops a libuv timer off its loop's thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_debug(True)
+        self.slow_callback_duration = 600.0  # debug mode's "took 0.1 s" warnings are the host's, not checked here
+        self.foreign_cancels = 0
+        self.errors: list[str] = []
+        self.set_exception_handler(
+            lambda _, context: self.errors.append(f"{context['message']}: {context['exception']!r}")
+        )
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        if self._thread_id not in (None, threading.get_ident()):
+            self.foreign_cancels += 1
+        super()._timer_handle_cancelled(handle)
+
+
+class _ServedOnItsOwnThread:
+    """A WokServer serving `servable`, on a _ThreadCheckedLoop run by a thread of its own (as a program may run two
+    servers in one process); `fail(n)` sends it n requests its check fails, from the calling thread."""
+
+    def __init__(self, servable: Servable) -> None:
+        from wok.app import WokServer
+        from wok.config import server_settings
+        from wok.repository import ModelRepository
+
+        self.loop = _ThreadCheckedLoop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        async def start() -> WokServer:
+            server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+            await server.start()
+            return server
+
+        self.server = self.run(start())
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.server.port}")
+        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    def fail(self, n: int) -> None:
+        for _ in range(n):
+            with pytest.raises(grpc.RpcError) as info:
+                self.stub.ModelInfer(request(BAD))
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INTERNAL, DETAILS)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.channel.close()
+        try:
+            self.run(self.server.stop(grace=5.0))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(30)
+            self.loop.close()
+
+
+def test_two_servers_on_loops_of_their_own_threads_share_a_servables_log_each_touching_its_own_loops_timers(caplog):
+    # The log had one timer, on the loop of the server whose failure last armed it: a failure on the other server's
+    # loop cancelled it from that server's thread, as the first server's stop did a timer armed by the second's
+    # failure; and a window's end on one loop, the log since armed on the other, armed the next timer there from the
+    # wrong thread (seen under load: "Non-thread-safe operation invoked on an event loop other than the current one").
+    s, failures, line = _hook_failing("check")
+    now = [0.0]
+    failures.throttle.clock = lambda: now[0]
+    failures.throttle.every_s = 0.2  # each loop's timer waits this long, and finds the window over by the test's
+    first = second = None
+    try:
+        with caplog.at_level(logging.WARNING):
+            first, second = _ServedOnItsOwnThread(s), _ServedOnItsOwnThread(s)
+            first.fail(2)  # its line, then one held: a timer on the first server's loop
+            second.fail(1)
+            first.stop()  # what both held, told
+            second.fail(1)
+            now[0] += 0.2
+            second.run(until(lambda: len(check_lines(caplog)) == 3))  # told at the window's end, on its loop
+            second.stop()
+            assert [r.getMessage() for r in check_lines(caplog)] == [
+                line,
+                f"{line} 2 more times since the last logged (ValueError: 2), as one of the 2 servers serving it stops "
+                "(counted in all of them)",
+                f"{line} 1 more time since the last logged (ValueError: 1)",
+            ]
+    finally:
+        for served_ in (first, second):
+            if served_ is not None:
+                served_.stop()
+    assert [(first.loop.foreign_cancels, first.loop.errors), (second.loop.foreign_cancels, second.loop.errors)] == [
+        (0, []),
+        (0, []),
+    ]
+    assert not failures.window_ends  # no timer left on either loop
 
 
 # A BaseException a Servable's own check raises by the request's value (INPUT0's), on the event loop: the check's own.
