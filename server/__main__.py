@@ -517,9 +517,15 @@ class _StopSignal:
     Once the stop has run (`stopped`), a signal has nothing left to cut short but the exit, which Python's joins
     hold as long as a thread left running (a model's own helper thread) lasts: it leaves at once with the stop's
     status, as wok.entry's `_ExitSignals` makes it once `main` has returned.
+
+    Not `serving` (another command, whose parsers load under these handlers): the first signal alone is kept, for
+    `uninstall` to hand to the command's own handler; a second said "exiting without draining" and exited 1, and
+    SIGTERM after SIGHUP "already draining", words of `wok serve`'s in a command that has no drain (two SIGTERMs
+    in `wok plan`'s first 0.1 s: 1, where one killed it by the signal).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, serving: bool = True) -> None:
+        self.serving = serving
         self.received: int | None = None  # the first signal's number
         self.event: asyncio.Event | None = None
         self.status: int | None = None  # the exit status, once the stop has run: see `stopped`
@@ -553,6 +559,8 @@ class _StopSignal:
         if self.status is not None:  # the process is on its way out, its status decided
             leave(self.status)
         if self.received is not None:
+            if not self.serving:  # the first is the command's: see the class
+                return
             if signum == signal.SIGHUP:  # a hangup again, not an operator: see the class
                 return
             if not self._forcing:  # the drain began on a hangup: this is the stop, not a second one
@@ -986,11 +994,11 @@ def main(argv: list[str] | None = None, held=None) -> int:
     # before any import of torch; an operator's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Before the parser, whose imports take a few hundred ms: see _StopSignal.
-    stop_signal = _StopSignal()
+    given = sys.argv[1:] if argv is None else argv
+    stop_signal = _StopSignal(serving=given[:1] == ["serve"])
     stop_signal.install(held)
     try:
-        given = sys.argv[1:] if argv is None else argv
-        args = wok_parser(serve_only=given[:1] == ["serve"]).parse_args(argv)
+        args = wok_parser(serve_only=stop_signal.serving).parse_args(argv)
     except BaseException:
         try:
             stop_signal.uninstall()

@@ -125,19 +125,21 @@ def test_the_console_script_runs_wok_entry():
     assert project["project"]["scripts"] == {"wok": "wok.entry:main"}
 
 
-# The console script's own lines, with the signal named first raised (on the importing thread) at the first import of
-# the module named second: as one sent at that moment of the start would come.
+# The console script's own lines, with the signals named first ("SIGHUP+SIGTERM": each in turn) raised (on the
+# importing thread) at the first import of the module named second: as ones sent at that moment of the start would come.
 _SIGNALLED_AT = """
 import importlib.abc, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
-sig, at = signal.Signals[sys.argv.pop(1)], sys.argv.pop(1)
-signal.signal(sig, signal.SIG_DFL)  # the test runner may ignore it (nohup): a signal ignored at the start stays so
+sigs, at = [signal.Signals[s] for s in sys.argv.pop(1).split("+")], sys.argv.pop(1)
+for sig in sigs:
+    signal.signal(sig, signal.SIG_DFL)  # the test runner may ignore it (nohup): a signal ignored at the start stays so
 
 class Signalled(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == at:
             sys.meta_path.remove(self)
-            signal.raise_signal(sig)
+            for sig in sigs:
+                signal.raise_signal(sig)
         return None
 
 sys.meta_path.insert(0, Signalled())
@@ -168,3 +170,17 @@ def test_a_sigterm_held_as_another_command_imports_reaches_it_as_it_starts():
     cmd = [sys.executable, "-c", _SIGNALLED_AT, "SIGTERM", "grpc", *SIMULATE]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (-signal.SIGTERM, ""), (done.returncode, done.stderr[-3000:])
+
+
+@pytest.mark.parametrize(
+    ("signals", "first"),
+    [("SIGTERM+SIGTERM", signal.SIGTERM), ("SIGHUP+SIGTERM", signal.SIGHUP)],
+    ids=["sigterm-twice", "sighup-sigterm"],
+)
+@pytest.mark.parametrize("at", ["grpc", "wok.bench"], ids=["held", "parsers"])
+def test_two_signals_as_another_command_starts_reach_it_as_the_first_alone(signals, first, at):
+    # Counted as `wok serve` counts them, in a command with no drain: two SIGTERMs said "second signal, exiting
+    # without draining" and exited 1; SIGHUP then SIGTERM said "already draining" before the hangup killed it.
+    cmd = [sys.executable, "-c", _SIGNALLED_AT, signals, at, *SIMULATE]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (-first, "", ""), (done.returncode, done.stderr[-3000:])
