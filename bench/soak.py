@@ -27,7 +27,7 @@ from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
 from .scrape import NO_ANSWER, read_metrics
-from .workers import NOT_SENT, OK, Share, WorkerPool, WorkerProcesses, run_held
+from .workers import END_WAIT_S, NOT_SENT, OK, Share, WorkerPool, WorkerProcesses, run_held
 
 SCHEMA = "wok.soak/1"
 # The options' defaults with --soak; None in argparse, so that one given without --soak is seen.
@@ -340,8 +340,9 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         processes.stop()
         raise
     # Held, as a ramp's result is built (Ramp.run): what was measured is whole. Caught instead, a signal ended the
-    # stop where it came, before it had told a worker to end or waited for one.
-    _, came = run_held(processes.stop)
+    # stop where it came, before it had told a worker to end or waited for one. Said as it comes: a worker that would
+    # not exit holds the stop END_WAIT_S, and a Ctrl-C there did nothing to be seen for as long.
+    _, came = run_held(processes.stop, doing=f"the workers stop (up to {END_WAIT_S:g} s)")
     if came is not None:
         say(f"{type(came).__name__}: {came} as the workers stopped: the steps run are the result")
     return result

@@ -723,9 +723,10 @@ class WorkerProcesses:
 
 def _end(procs: list, terminate: bool = False) -> None:
     """Wait for `procs` to exit (started ones; with `terminate`, terminated first; a stopped one continued), killing
-    one that takes over END_WAIT_S; each has ended (reaped, its exit code set) when this returns. A signal meanwhile
-    (Ctrl-C, raised in a join as the workers exit) is raised once those left are killed and reaped: not left to send,
-    or to exit on their own while the bench has stopped waiting (nothing of theirs needs flushing: `_orphaned`)."""
+    those still running END_WAIT_S after the wait began; each has ended (reaped, its exit code set) when this returns.
+    A signal meanwhile (Ctrl-C, raised in a join as the workers exit) is raised once those left are killed and reaped:
+    not left to send, or to exit on their own while the bench has stopped waiting (nothing of theirs needs flushing:
+    `_orphaned`)."""
     procs = [p for p in procs if p.pid is not None]
     try:
         if terminate:
@@ -739,8 +740,11 @@ def _end(procs: list, terminate: bool = False) -> None:
                     os.kill(p.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
+        # One wait for them all: told at once, they exit together. Each waited for END_WAIT_S in turn, N that would
+        # not exit held the bench N times as long (a soak's stop, a Ctrl-C there held for it: 10 s a worker).
+        deadline = time.monotonic() + END_WAIT_S
         for p in procs:
-            p.join(END_WAIT_S)
+            p.join(max(0.0, deadline - time.monotonic()))
     finally:
         # Those past their wait, or every one left where a signal cut it short. Waited for after the kill too: its
         # exit code read None just after, the worker not yet reaped.

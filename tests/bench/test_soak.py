@@ -255,10 +255,12 @@ def test_the_soak_runs_on_the_capacity_ramps_worker_processes(soak_server):
 
 
 @pytest.mark.parametrize("when", ["begins", "returns"])
-def test_a_ctrl_c_as_the_soaks_workers_stop_is_held_until_they_have_stopped(soak_server, monkeypatch, when):
+def test_a_ctrl_c_as_the_soaks_workers_stop_is_held_until_they_have_stopped(soak_server, monkeypatch, capfd, when):
     """The workers are stopped once both ramps are done: a signal then (a real SIGINT, raised as the stop begins or
     returns) comes after everything was measured, and is held until the stop is done, then said as a ramp's late
-    signals are (Ramp.late). Caught, not held, one as the stop began ended it there: the workers were left running."""
+    signals are (Ramp.late). Caught, not held, one as the stop began ended it there: the workers were left running.
+    It is said as it comes too: a worker that would not exit holds the stop 10 s, and held silently, a Ctrl-C there
+    did nothing to be seen for as long."""
     stop = WorkerProcesses.stop
 
     def stop_with_a_ctrl_c(self) -> None:
@@ -283,6 +285,8 @@ def test_a_ctrl_c_as_the_soaks_workers_stop_is_held_until_they_have_stopped(soak
     assert result["interrupted"] is None and result["soak"]["requests"]["errors"] == 0
     assert not left, left
     assert said[-1] == "KeyboardInterrupt: SIGINT as the workers stopped: the steps run are the result", said
+    held = "wok bench: SIGINT as the workers stop (up to 10 s): waited for, then the steps run are the result"
+    assert capfd.readouterr().err.count(held) == 1
 
 
 def test_a_soak_has_each_warning_of_its_pool_once(soak_server, monkeypatch):

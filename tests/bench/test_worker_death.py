@@ -475,6 +475,21 @@ def test_a_worker_killed_as_it_would_not_exit_has_ended_when_the_end_returns(mon
         assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 4
 
 
+def test_workers_that_would_not_exit_are_waited_for_together_then_killed(monkeypatch):
+    """`_end` waited END_WAIT_S for each worker in turn: N workers that did not exit held it N times as long (a soak's
+    held stop, a Ctrl-C there waited for, 10 s a worker). They are all told at once and exit together: one wait.
+    Kept workers waiting for a ramp, never told to stop, stand for workers that would not exit."""
+    monkeypatch.setattr(workers, "END_WAIT_S", 1.0)
+    with WorkerProcesses() as processes:
+        _, procs, _ = processes.take(4)
+        processes.give_back()
+        began = time.monotonic()
+        workers._end(procs)
+        took = time.monotonic() - began
+        assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 4
+    assert 1.0 <= took < 2.5, took  # each waited for 1 s in turn: 4 s
+
+
 def test_stop_terminates_workers_still_lent_and_has_each_ended():
     """Workers lent to a pool never closed may be mid-step, and would read a stop only after their share: `stop`
     terminates them, and each has ended (exit code set) when it returns."""
