@@ -36,7 +36,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..numerals import SPACES, ascii_digits, digits_note, read_float
+from ..numerals import SPACES, ascii_digits, digits_note, read_float, underscore_note
 
 
 def _quoted(text: str) -> str:
@@ -676,7 +676,9 @@ def _timestamp(value: object, where: str) -> tuple[float, bool]:
             if when.tzinfo is None:
                 when = when.replace(tzinfo=timezone.utc)
             return when.timestamp(), False
-    raise ValueError(f"{where}: timestamp {_shown(value)} is neither seconds nor an ISO 8601 time")
+    # underscore_note, not digits_note: a timestamp's text need not be ASCII (a line separator in its cell).
+    note = underscore_note(value) if isinstance(value, str) else ""
+    raise ValueError(f"{where}: timestamp {_shown(value)} is neither seconds nor an ISO 8601 time{note}")
 
 
 def _finite(seconds: float, value: object, where: str) -> float:
@@ -703,7 +705,8 @@ def _size(value: object, where: str) -> int:
         return value
     elif isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
-    raise ValueError(f"{where}: size {_shown(value)} is not an integer >= 0")
+    note = underscore_note(value) if isinstance(value, str) else ""
+    raise ValueError(f"{where}: size {_shown(value)} is not an integer >= 0{note}")
 
 
 def read_utf8(path: Path) -> str:
@@ -804,7 +807,7 @@ def parse_duration(s: str) -> float:
     if m is None:
         raise ValueError(
             f"invalid duration {_quoted(s)}: expected a number >= 0 with an optional unit ms, s, m or h "
-            "(e.g. '250ms', '30s', '5m', '1.5h')"
+            f"(e.g. '250ms', '30s', '5m', '1.5h'){underscore_note(s)}"
         )
     number = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
     return number * _UNIT[m.group(3)]
@@ -911,7 +914,7 @@ def _rate_option(spec: str, key: str, value: str, qps: float) -> float:
     if number is None or number < 0:
         raise ValueError(
             f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is neither a multiple of the step's rate like '4x' "
-            "nor a rate >= 0 like '200'"
+            f"nor a rate >= 0 like '200'{underscore_note(value)}"
         )
     return number * qps if multiple else number
 
@@ -921,7 +924,10 @@ def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> f
     if value.endswith("%"):
         fraction = _number(value[:-1])
         if fraction is None or fraction < 0:
-            raise ValueError(f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is not a percentage >= 0 of the step")
+            raise ValueError(
+                f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is not a percentage >= 0 of the step"
+                f"{underscore_note(value)}"
+            )
         if duration_s is None:
             raise ValueError(
                 f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is a fraction of the step; parse_arrivals needs "
@@ -933,7 +939,7 @@ def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> f
     except ValueError:
         raise ValueError(
             f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is neither a duration like '30s', '500ms', '2m' "
-            "nor a fraction of the step like '50%'"
+            f"nor a fraction of the step like '50%'{underscore_note(value)}"
         ) from None
     if not math.isfinite(seconds):  # '1e999s': refused by the process as its field (sigma_s), not the spec's
         raise ValueError(f"arrivals {_quoted(spec)}: {key}: expected a finite duration; got {_quoted(value)}")
@@ -1002,5 +1008,8 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
         return TraceReplay(trace.timestamps_s, trace.sizes, qps / trace.mean_rate)
     factor = _number(scale)
     if factor is None or factor <= 0:
-        raise ValueError(f"arrivals {_quoted(spec)}: scale={_quoted(scale)} is neither a number > 0 nor 'auto'")
+        raise ValueError(
+            f"arrivals {_quoted(spec)}: scale={_quoted(scale)} is neither a number > 0 nor 'auto'"
+            f"{underscore_note(scale)}"
+        )
     return TraceReplay(trace.timestamps_s, trace.sizes, factor)

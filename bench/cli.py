@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import NAME_CHARS, printable, quoted_name, unquoted
-from ..numerals import SPACES, read_float, read_int
+from ..numerals import SPACES, read_float, read_int, underscore_note
 from .outputs import check_outputs as _check_outputs
 from .outputs import keep_elsewhere as _keep_elsewhere
 from .outputs import result_text as _result_text
@@ -743,7 +743,10 @@ def _unix_time(text: str | None) -> float | None:
         value = math.nan
     # Checked here, not only by RampConfig, whose refusal named its field (start_at), not the option.
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got {quoted_name(text)}")
+        raise ValueError(
+            f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got {quoted_name(text)}"
+            f"{underscore_note(text)}"
+        )
     return value
 
 
@@ -1715,7 +1718,9 @@ def run_tune(args) -> int:
         try:
             return [read_int(x) for x in spec.split(",") if x.strip(SPACES)]
         except ValueError:
-            raise ValueError(f"{what} {quoted_name(spec)}: expected whole numbers like 4,8,16") from None
+            raise ValueError(
+                f"{what} {quoted_name(spec)}: expected whole numbers like 4,8,16{underscore_note(spec)}"
+            ) from None
 
     sizes = ints(args.max_batch_sizes, "--max-batch-sizes")
     delays = [

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     from wok.errors import quoted_name
     from wok.executor import Executor
     from wok.models import DEMO_MODELS, build_demo
-    from wok.numerals import read_int
+    from wok.numerals import digits_note, read_int
 
     p = build_parser()
     args = p.parse_args(argv)
@@ -93,7 +93,10 @@ def main(argv=None) -> int:
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        p.error(f"--sizes: expected positive integers, comma-separated; got {quoted_name(args.sizes)}")
+        p.error(
+            f"--sizes: expected positive integers, comma-separated; got {quoted_name(args.sizes)}"
+            f"{digits_note(args.sizes)}"
+        )
     if (refusal := integer_refusal("--batches", args.batches, 1)) is not None:
         p.error(refusal)
     if (

@@ -48,7 +48,7 @@ import numpy as np
 from ..children import die_with_parent
 from ..errors import quoted_name
 from ..faults import MAX_DELAY_MS, MAX_DURATION_S
-from ..numerals import SPACES, ascii_digits, read_float
+from ..numerals import SPACES, ascii_digits, read_float, underscore_note
 from .analysis import latency_summary
 from .arrivals import parse_duration
 from .payloads import integer_refusal
@@ -111,13 +111,16 @@ def parse_at(text: str, what: str) -> At:
         except ValueError:
             value = math.nan
         if not 0 <= value <= 1:
-            raise ValueError(f"{what}={quoted_name(text)}: expected a percentage of the ramp from 0% to 100%")
+            raise ValueError(
+                f"{what}={quoted_name(text)}: expected a percentage of the ramp from 0% to 100%{underscore_note(text)}"
+            )
         return At(value, True)
     try:
         return At(parse_duration(text), False)
     except ValueError:
         raise ValueError(
             f"{what}={quoted_name(text)}: expected a percentage of the ramp (30%) or a time from its start (12s)"
+            f"{underscore_note(text)}"
         ) from None
 
 
@@ -196,7 +199,9 @@ def _int(values: dict[str, str], key: str, spec: str) -> int | None:
         return None
     text = values[key]
     if not ascii_digits(text):
-        raise ValueError(f"--fault {quoted_name(spec)}: {key}={quoted_name(text)}: expected an integer >= 0")
+        raise ValueError(
+            f"--fault {quoted_name(spec)}: {key}={quoted_name(text)}: expected an integer >= 0{underscore_note(text)}"
+        )
     return int(text)
 
 
@@ -1382,11 +1387,13 @@ def run_faults(args, cfg: RampConfig) -> dict:
     return result
 
 
-def close_replicas_held(replicas, say: Callable[[str], None]) -> None:
+def close_replicas_held(replicas, say: Callable[[str], None], kept: str = Ramp.kept) -> None:
     """Stop the bench's `replicas` (None: none) once the run has its result. A signal as they stop waits for them:
-    raised in their wait, it lost the result (exit 130, no table), and left the replicas to end with the bench."""
+    raised in their wait, it lost the result (exit 130, no table), and left the replicas to end with the bench.
+    `kept`: what the result is, said with such a signal (a soak's is its soak)."""
     if replicas is None:
         return
-    _, came = run_held(lambda: replicas.close(say), doing=f"the replicas stop (up to {replicas.stop_wait_s:g} s)")
+    doing = f"the replicas stop (up to {replicas.stop_wait_s:g} s)"
+    _, came = run_held(lambda: replicas.close(say), doing=doing, kept=kept)
     if came is not None:
-        say(f"{type(came).__name__}: {came} as the replicas stopped: the steps run are the result")
+        say(f"{type(came).__name__}: {came} as the replicas stopped: {kept}")

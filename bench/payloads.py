@@ -27,7 +27,7 @@ import numpy as np
 
 from wok.bench.arrivals import csv_rows, header_names, is_note, read_utf8, text_lines
 from wok.datatypes import datatype
-from wok.numerals import SPACES, ascii_digits, read_float
+from wok.numerals import SPACES, ascii_digits, read_float, underscore_note
 
 # The bound of integer inputs when none is given: every wok demo model accepts ids below it. A
 # server's KServe metadata does not say a model's id range, so the bench cannot find a better one;
@@ -267,7 +267,7 @@ def _read_sizes(path: Path) -> np.ndarray:
     for i, v in values:
         text_v = str(v).strip(SPACES)
         if isinstance(v, bool) or not ascii_digits(text_v):
-            raise ValueError(f"{path}:{i}: size {v!r} is not an integer >= 0")
+            raise ValueError(f"{path}:{i}: size {v!r} is not an integer >= 0{underscore_note(text_v)}")
         if int(text_v) >= 2**63:
             # It left as an OverflowError from numpy, naming neither the file nor the line.
             raise ValueError(f"{path}:{i}: size {v!r} is not below 2**63")
@@ -288,12 +288,14 @@ def parse_sizes(spec: str) -> Sizes:
             return Fixed(int(kind))
         if kind == "fixed":
             if not ascii_digits(rest):
-                raise ValueError(f"expected fixed:N with N an integer >= 0; got {_quoted(rest)}")
+                raise ValueError(f"expected fixed:N with N an integer >= 0; got {_quoted(rest)}{underscore_note(rest)}")
             return Fixed(int(rest))
         if kind == "uniform":
             m = re.fullmatch(r"([0-9]+)\s*:\s*([0-9]+)", rest, re.ASCII)
             if m is None:
-                raise ValueError(f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {_quoted(rest)}")
+                raise ValueError(
+                    f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {_quoted(rest)}{underscore_note(rest)}"
+                )
             return Uniform(int(m.group(1)), int(m.group(2)))
         if kind == "lognormal":
             opts: dict[str, str] = {}
@@ -310,10 +312,14 @@ def parse_sizes(spec: str) -> Sizes:
                 try:
                     numbers[key] = read_float(opts[key])
                 except ValueError:
-                    raise ValueError(f"lognormal {key}: expected a number; got {_quoted(opts[key])}") from None
+                    raise ValueError(
+                        f"lognormal {key}: expected a number; got {_quoted(opts[key])}{underscore_note(opts[key])}"
+                    ) from None
             median, sigma = numbers["median"], numbers["sigma"]
             if not ascii_digits(opts["max"]):
-                raise ValueError(f"lognormal max: expected an integer >= 1; got {_quoted(opts['max'])}")
+                raise ValueError(
+                    f"lognormal max: expected an integer >= 1; got {_quoted(opts['max'])}{underscore_note(opts['max'])}"
+                )
             return LogNormal(median, sigma, int(opts["max"]))
         if kind == "empirical":
             if not rest:
@@ -321,7 +327,9 @@ def parse_sizes(spec: str) -> Sizes:
             return Empirical(_read_sizes(Path(rest)))
     except (ValueError, OSError) as e:
         raise ValueError(f"sizes {_quoted(spec)}: {e}") from None
-    raise ValueError(f"sizes {_quoted(spec)}: unknown distribution {_quoted(kind)}; {_SIZES_HELP}")
+    raise ValueError(
+        f"sizes {_quoted(spec)}: unknown distribution {_quoted(kind)}; {_SIZES_HELP}{underscore_note(kind)}"
+    )
 
 
 # -- payloads ----------------------------------------------------------------------------------
@@ -652,6 +660,7 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
             if value is None or not math.isfinite(value) or value <= 0:
                 raise ValueError(
                     f"model mix {_quoted(spec)}: weight {_quoted(weight)} of {_quoted(name)} is not a number > 0"
+                    f"{underscore_note(weight)}"
                 )
         names.append(name)
         weights.append(value)

@@ -121,9 +121,10 @@ def _named(names: Mapping[str, str] | None, key: str) -> str:
     return f"{name}: " if name else ""
 
 
-def exact(value, what: str, *, positive: bool = False) -> Fraction:
+def exact(value, what: str, *, positive: bool = False, typed: str | None = None) -> Fraction:
     """The exact value of a decimal number given as text, int, Decimal or Fraction (never a float). `positive`:
-    the caller refuses 0 (and below), so a refusal of a magnitude no float holds does not offer it."""
+    the caller refuses 0 (and below), so a refusal of a magnitude no float holds does not offer it. `typed`: the
+    text as given where `value` is a part of it (an amplitude's '4' of '4x'), which a refusal then quotes whole."""
     if isinstance(value, Fraction):
         return value
     if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity
@@ -139,10 +140,10 @@ def exact(value, what: str, *, positive: bool = False) -> Fraction:
         try:
             d = read_decimal(text)
         except ValueError:
-            raise ValueError(f"{what}: {shown_value(value)} is not a number{digits_note(text)}") from None
+            raise ValueError(f"{what}: {shown_value(typed or value)} is not a number{digits_note(text)}") from None
     if not d.is_finite():
-        raise ValueError(f"{what}: expected a finite number; got {shown_value(value)}")
-    return _in_float_range(Fraction(d), what, value, positive)
+        raise ValueError(f"{what}: expected a finite number; got {shown_value(typed or value)}")
+    return _in_float_range(Fraction(d), what, typed or value, positive)
 
 
 def _in_float_range(x: Fraction, what: str, given, positive: bool = False) -> Fraction:
@@ -340,7 +341,8 @@ def parse_burst(spec: str, option: str = "--burst") -> Burst:
     base = exact(opts["base"], f"{where}: base")
     amp_text = opts["amplitude"]
     if amp_text.lower().endswith("x"):
-        amplitude = exact(amp_text[:-1], f"{where}: amplitude") * base
+        # Refused as typed: 'amplitude=1e-400x' was told "got '1e-400'", the x dropped.
+        amplitude = exact(amp_text[:-1], f"{where}: amplitude", typed=amp_text) * base
     else:
         amplitude = exact(amp_text, f"{where}: amplitude")
     if base < 0 or amplitude < 0:
@@ -687,7 +689,10 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
             f"{file}: devices[{quoted_name(model)}]: expected 'cpu', 'gpu' or null; got {shown_data(device)}"
         )
     flushes = _object(step.get("flush_reasons"), f"{where}: flush_reasons", optional=True)
-    slo = exact(_needed(doc, "slo_p99_ms", file), f"{file}: slo_p99_ms")
+    # A ramp's SLO is > 0 (its --slo-p99 refuses 0): a 0 or below was planned on and written as the plan's SLO.
+    slo = exact(_needed(doc, "slo_p99_ms", file), f"{file}: slo_p99_ms", positive=True)
+    if slo <= 0:
+        raise ValueError(f"{file}: slo_p99_ms: expected milliseconds > 0; got {decimal_text(slo)}")
     detail = {
         "path": str(path),
         "model": model,

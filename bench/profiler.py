@@ -63,7 +63,7 @@ from wok.numerals import SPACES
 from wok.servable import HostBuffers, Servable
 from wok.service import short_details
 
-from ..errors import quoted_name
+from ..errors import NAME_CHARS, quoted_name, unquoted
 from .analysis import latency_summary
 from .analysis import ms_text as _ms
 from .payloads import (
@@ -1517,7 +1517,10 @@ def print_table(result: dict, file=None) -> None:
     for r in rows:
         table.add_row(*r)
     console = Console(file=file or sys.stdout, color_system=None, highlight=False, markup=False, emoji=False, width=240)
-    console.print(f"wok profile {result['model']['name']} on {result['config']['device']}")
+    # The name as the progress label shows it (escaped, cut past NAME_CHARS): it is the one typed, of any length.
+    # soft_wrap: one line, as the label's, not cut into two at the console's 240 columns.
+    name = unquoted(result["model"]["name"], NAME_CHARS)
+    console.print(f"wok profile {name} on {result['config']['device']}", soft_wrap=True)
     console.print(table)
     for line in summary_lines(result):
         console.print(line)

@@ -149,7 +149,7 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     """The servers (each name to the commit a wok@REV serves, else None) and the rows values, or
     the parser's error (exit 2) before any server starts."""
     from wok.errors import quoted_name
-    from wok.numerals import read_int
+    from wok.numerals import digits_note, read_int
 
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers:
@@ -173,9 +173,13 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     try:
         rows_list = [read_int(r) for r in args.rows.split(",")]
     except ValueError:
-        ap.error(f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}")
+        ap.error(
+            f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}{digits_note(args.rows)}"
+        )
     if min(rows_list) < 1:
-        ap.error(f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}")
+        ap.error(
+            f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}{digits_note(args.rows)}"
+        )
     for option, value in (("--calls", args.calls), ("--concurrency", args.concurrency), ("--reps", args.reps)):
         if (refusal := integer_refusal(option, value, 1)) is not None:
             ap.error(refusal)

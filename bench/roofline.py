@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import quoted_name
+from ..numerals import underscore_note
 
 # Sizes that take a fraction of a second on the 2-core CI machine and saturate a GPU.
 CPU_MATMUL_N = 1536
@@ -42,6 +43,7 @@ def parse_rate(spec: str, what: str) -> float:
     if m is None:
         raise ValueError(
             f"{what}: expected a number with an optional SI prefix (e.g. '900G', '3.35T'); got {quoted_name(spec)}"
+            f"{underscore_note(spec)}"
         )
     value = float(m.group(1)) * _PREFIX[m.group(2)]
     if not value > 0 or not math.isfinite(value):

@@ -39,6 +39,7 @@ from .scrape import Fleet, scrape, server_view
 from .workers import (
     NOT_SENT,
     OK,
+    STEPS_KEPT,
     Share,
     WorkerPool,
     WorkerProcesses,
@@ -586,6 +587,8 @@ class Ramp:
     # Whether a step with no request answered OK ends the ramp, even with --stop-factor inf. A fault run
     # (FaultRamp) goes on: its faults fail whole steps by design, and stopping would skip their end.
     stops_when_none_ok = True
+    # What a signal after the last step leaves as the result, said with it (`late`).
+    kept = STEPS_KEPT
 
     def __init__(
         self,
@@ -762,7 +765,7 @@ class Ramp:
         """A signal after the last step (`when`: as what happened) leaves every step run whole: `late_signal`."""
         self.late_signal = f"{type(exc).__name__}: {exc}"
         if self.says_late_signal:
-            self.say(f"{self.late_signal} {when}: the steps run are the result")
+            self.say(f"{self.late_signal} {when}: {self.kept}")
 
     def _result(self, workers, steps, interrupted, by_signal, cut_phase, cut_at_qps, stopped_early) -> dict:
         cfg = self.cfg

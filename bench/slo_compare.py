@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     from wok.bench.arrivals import parse_duration
     from wok.errors import quoted_name
-    from wok.numerals import read_int
+    from wok.numerals import digits_note, read_int
 
     p = build_parser()
     args = p.parse_args(argv)
@@ -369,7 +369,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             raise ValueError
         args.request_sizes = sizes
     except ValueError:
-        p.error(f"--request-sizes: expected whole numbers >= 1 like 1,2,4,8; got {quoted_name(args.request_sizes)}")
+        p.error(
+            f"--request-sizes: expected whole numbers >= 1 like 1,2,4,8; got {quoted_name(args.request_sizes)}"
+            f"{digits_note(args.request_sizes)}"
+        )
     if args.fixed:
         fields = args.fixed.split(",")
         try:
@@ -378,7 +381,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         except ValueError:
             p.error(
                 "--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY, a whole number >= 1 and a duration, like "
-                f"8,5ms; got {quoted_name(args.fixed)}"
+                f"8,5ms; got {quoted_name(args.fixed)}{digits_note(fields[0])}"
             )
         args.fixed = (size, fields[1])
 

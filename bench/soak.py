@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import quoted_name
-from ..numerals import SPACES, read_float
+from ..numerals import SPACES, read_float, underscore_note
 from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
@@ -50,6 +50,7 @@ def parse_fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise ValueError(
             f"--soak-load {quoted_name(text)}: expected a share of the capacity such as 80% or 0.8, in (0, 1]"
+            f"{underscore_note(text)}"
         )
     return value
 
@@ -130,10 +131,21 @@ class RssSampler:
             self.sample()  # the state at the end
 
 
+SOAK_KEPT = "the soak measured is the result"
+
+
+def _kept(result: dict) -> str:
+    """What a signal after the run leaves as its `result`, in the words `Ramp.late` says it: the soak, or the
+    capacity ramp's steps where no soak was kept (cut short, not started, no capacity)."""
+    return SOAK_KEPT if result.get("soak") is not None else Ramp.kept
+
+
 class SoakRamp(Ramp):
     """A Ramp whose first step starts the RSS sampler, and whose step cut short keeps its answers."""
 
     keeps_cut_step = True
+    # One step, the soak: "the steps run" said a ramp's (until 2026-12-07).
+    kept = SOAK_KEPT
 
     def __init__(
         self,
@@ -342,9 +354,10 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     # Held, as a ramp's result is built (Ramp.run): what was measured is whole. Caught instead, a signal ended the
     # stop where it came, before it had told a worker to end or waited for one. Said as it comes: a worker that would
     # not exit holds the stop END_WAIT_S, and a Ctrl-C there did nothing to be seen for as long.
-    _, came = run_held(processes.stop, doing=f"the workers stop (up to {END_WAIT_S:g} s)")
+    kept = _kept(result)
+    _, came = run_held(processes.stop, doing=f"the workers stop (up to {END_WAIT_S:g} s)", kept=kept)
     if came is not None:
-        say(f"{type(came).__name__}: {came} as the workers stopped: the steps run are the result")
+        say(f"{type(came).__name__}: {came} as the workers stopped: {kept}")
     return result
 
 
@@ -360,7 +373,7 @@ def _capacity_then_soak(args, cfg: RampConfig, say: Callable[[str], None], proce
         if replicas is not None:
             replicas.close(say)
         raise
-    faults.close_replicas_held(replicas, say)
+    faults.close_replicas_held(replicas, say, kept=_kept(result))
     return result
 
 

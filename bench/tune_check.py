@@ -92,6 +92,7 @@ from wok.bench.payloads import integer_refusal
 from wok.bench.report import read_json_object
 from wok.bench.tune import SearchTooLarge  # the search's refusal (`check_search`), the library's own
 from wok.errors import shown_entry
+from wok.numerals import digits_note, read_int
 
 # /1: before the CPU stage (`predicted_*` was the batcher-only prediction); /2: before cut ramps were left
 # out of the verdict (`tuned_at_least_default` and the medians were never null, runs had no `error`).
@@ -1188,11 +1189,11 @@ def parse_args(argv=None):
 
 def _positive_ints(spec: str) -> list[int]:
     try:
-        values = [int(x) for x in spec.split(",")]
-    except ValueError:
+        values = [read_int(x) for x in spec.split(",")]
+    except ValueError:  # read_int, not int(): int() read "1_6" as 16 and "٣" as 3
         values = []
     if not values or min(values) < 1:
-        raise ValueError(f"expected positive integers, comma-separated; got {spec!r}")
+        raise ValueError(f"expected positive integers, comma-separated; got {spec!r}{digits_note(spec)}")
     return values
 
 
@@ -1219,11 +1220,11 @@ def read_run(path: Path) -> dict:
 def _setting(spec: str) -> tuple[int, float]:
     n, comma, d = spec.partition(",")
     try:
-        size = int(n)
+        size = read_int(n)
     except ValueError:
         size = 0
     if not comma or size < 1:
-        raise ValueError(f"expected MAX_BATCH_SIZE,DELAY (e.g. 32,5ms); got {spec!r}")
+        raise ValueError(f"expected MAX_BATCH_SIZE,DELAY (e.g. 32,5ms); got {spec!r}{digits_note(n)}")
     return size, 1e3 * _seconds(d)  # (max_batch_size, delay in ms)
 
 

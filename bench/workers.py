@@ -491,8 +491,12 @@ def _start_held(process) -> None:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
+# What a signal after a ramp's last step leaves as its result (a soak's says its own: bench/soak.py).
+STEPS_KEPT = "the steps run are the result"
+
+
 @contextmanager
-def signals_held(doing: str | None = None) -> Iterator[None]:
+def signals_held(doing: str | None = None, kept: str = STEPS_KEPT) -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP recorded, not handled, inside; on the way out the handlers are put back and
     the first signal that came is raised again, to the handler as it was (the bench's raises KeyboardInterrupt:
     cli._signals_interrupt), once the work inside is whole. For work that a KeyboardInterrupt raised halfway
@@ -501,7 +505,7 @@ def signals_held(doing: str | None = None) -> Iterator[None]:
 
     `doing`, for work that may take long (the replicas' stop: up to their grace period and 10 s), names it in a line
     said on stderr as each signal comes: held silently, a Ctrl-C there did nothing to be seen for as long, a second
-    one never anything."""
+    one never anything; `kept`, what the result will be, in that line."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -511,7 +515,7 @@ def signals_held(doing: str | None = None) -> Iterator[None]:
         came.append(signum)
         if doing is not None:
             name = signal.Signals(signum).name
-            then = "waited for, then the steps run are the result" if len(came) == 1 else "the result is written first"
+            then = f"waited for, then {kept}" if len(came) == 1 else "the result is written first"
             # os.write, not print: the handler may run inside a print to stderr (cli._Interrupts.on_signal).
             os.write(2, f"wok bench: {name} as {doing}: {then}\n".encode())
 
@@ -529,13 +533,15 @@ def signals_held(doing: str | None = None) -> Iterator[None]:
             signal.raise_signal(came[0])
 
 
-def run_held(work: Callable[[], T], doing: str | None = None) -> tuple[T, KeyboardInterrupt | None]:
-    """`work()` under `signals_held` (`doing`: its words for a signal meanwhile): its value, and the
+def run_held(
+    work: Callable[[], T], doing: str | None = None, kept: str = STEPS_KEPT
+) -> tuple[T, KeyboardInterrupt | None]:
+    """`work()` under `signals_held` (`doing`, `kept`: its words for a signal meanwhile): its value, and the
     KeyboardInterrupt a signal meanwhile raised once it was done (None: none came, or its handler raised nothing),
     for the caller to keep as it sees fit."""
     done = False
     try:
-        with signals_held(doing):
+        with signals_held(doing, kept):
             value = work()
             done = True
     except KeyboardInterrupt as exc:

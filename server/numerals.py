@@ -36,9 +36,16 @@ def ascii_digits(text: str) -> bool:
 
 def digits_note(text: str) -> str:
     """NOT_ASCII_NOTE where `text` is not ASCII, UNDERSCORE_NOTE where it has a '_' between digits, else "": for
-    a refusal that quotes `text`."""
+    a refusal that quotes `text`, a number alone."""
     if not text.isascii():
         return NOT_ASCII_NOTE
+    return underscore_note(text)
+
+
+def underscore_note(text: str) -> str:
+    """UNDERSCORE_NOTE where `text` has a '_' between ASCII digits, else "": for a refusal that quotes `text` where
+    more than a number may stand (a unit, a '%', an ISO 8601 time), so that its other characters need not be
+    digits (a timestamp's line separator is not a digit of another script)."""
     return UNDERSCORE_NOTE if _DIGITS_APART.search(text) else ""
 
 

@@ -10,7 +10,7 @@ fieldvalues and numerals (standard library alone): the bench's worker processes 
 from __future__ import annotations
 
 from .fieldvalues import OWS, split_unquoted, unquoted
-from .numerals import ascii_digits, read_float
+from .numerals import ascii_digits, read_float, underscore_note
 
 SERVER_TIMING = "server-timing"
 # Of one request, in the order they follow each other (perf_counter instants in `server_timing`);
@@ -85,11 +85,15 @@ def parse_server_timing(value: str) -> dict[str, float]:
             if want == "desc":
                 count = unquoted(given)
                 if not ascii_digits(count):
-                    raise ValueError(f"server-timing metric {name!r}: desc {given!r} is not a whole number")
+                    raise ValueError(
+                        f"server-timing metric {name!r}: desc {given!r} is not a whole number{underscore_note(count)}"
+                    )
                 out[name] = float(count)
                 continue
             try:
                 out[name] = read_float(unquoted(given))
             except ValueError:
-                raise ValueError(f"server-timing metric {name!r}: dur {given!r} is not a number") from None
+                raise ValueError(
+                    f"server-timing metric {name!r}: dur {given!r} is not a number{underscore_note(given)}"
+                ) from None
     return out

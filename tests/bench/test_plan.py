@@ -1360,6 +1360,19 @@ POSITIVE_IN_RANGE = "expected a number > 0 that a 64-bit float holds (about 1e-3
             ["--burst", "base=1e400,amplitude=1", "--t-batch", "20ms", "--batch-size", "16"],
             f"amplitude=1': base: {IN_RANGE}'1e400'",
         ),
+        # A multiple refused as typed: "got '1e-400'" dropped the x (until 2026-12-07).
+        (
+            ["--burst", "base=100,amplitude=1e-400x", "--t-batch", "20ms", "--batch-size", "16"],
+            f"amplitude=1e-400x': amplitude: {IN_RANGE}'1e-400x'\n",
+        ),
+        (
+            ["--burst", "base=100,amplitude=nanx", "--t-batch", "20ms", "--batch-size", "16"],
+            "amplitude=nanx': amplitude: expected a finite number; got 'nanx'\n",
+        ),
+        (
+            ["--burst", "base=100,amplitude=2_0x", "--t-batch", "20ms", "--batch-size", "16"],
+            "amplitude=2_0x': amplitude: '2_0x' is not a number (numbers are read without '_': 1000, not 1_000)\n",
+        ),
         # Each input fits a float; their product does not.
         (["--peak-qps", "1e300", "--t-batch", "1e300s", "--batch-size", "16"], "beyond what a 64-bit float holds"),
         (
@@ -1693,6 +1706,13 @@ def test_a_ramp_whose_requests_per_batch_are_below_one_is_refused(tmp_path):
         (
             lambda d: d.update(max_qps_under_slo=-(10**400)),
             "{path}: max_qps_under_slo: " + POSITIVE_IN_RANGE + "a negative integer of 401 digits",
+        ),
+        # A ramp's SLO is > 0 (its --slo-p99 refuses 0): 0 and below were planned on, the plan's SLO "0 ms".
+        (lambda d: d.update(slo_p99_ms=0), "{path}: slo_p99_ms: expected milliseconds > 0; got 0"),
+        (lambda d: d.update(slo_p99_ms=-50.0), "{path}: slo_p99_ms: expected milliseconds > 0; got -50"),
+        (
+            lambda d: d.update(slo_p99_ms=-(10**400)),
+            "{path}: slo_p99_ms: " + POSITIVE_IN_RANGE + "a negative integer of 401 digits",
         ),
         # rows 0 without the server's counts: n = rows per batch / 0, a ZeroDivisionError traceback.
         (lambda d: d["config"].update(rows=0), "{path}: config.rows: expected rows per request >= 1; got 0"),

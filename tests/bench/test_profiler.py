@@ -396,6 +396,18 @@ def test_a_key_short_of_requests_gets_more_drawn_and_else_none_of_its_batches(mo
     assert f"n = 4: {len(few)} (" in capsys.readouterr().out
 
 
+def test_the_tables_header_shows_a_typed_name_as_the_label_does(capsys):
+    """`wok profile NAME on cpu` printed the name whole: a typed one of 100,000 characters, its newline and its
+    terminal escape as they were. Now as the progress label shows it (errors.unquoted): escaped, cut past
+    NAME_CHARS, its length said."""
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=3)
+    doc = profiler.profile(build_demo("mlp"), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    doc["model"]["name"] = "a\nb\x1b[2J" + "m" * 100_000
+    profiler.print_table(doc)
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == "wok profile a\\nb\\x1b[2J" + "m" * 193 + "… (100,007 characters in all) on cpu"
+
+
 def test_a_tiny_pools_counts_by_hand():
     """Five own draws of keys a, b, a, c, a, and two requests of the extra draws kept (one a, one b) out of 9:
     a has 4 requests, b 2, c 1. A batch of 2 takes its key from the draws of a or b (4 of 5), c's one draw (1/5)

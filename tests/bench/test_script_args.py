@@ -113,6 +113,14 @@ CASES = [
     ("cold_batch", ["--sizes", "١"], "--sizes: expected positive integers, comma-separated; got '١'"),
     ("slo_compare", ["--request-sizes", "١,٢"], "--request-sizes: expected whole numbers >= 1 like 1,2,4,8; got '١,٢'"),
     ("slo_compare", ["--fixed", "٤,5ms"], "--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY, a whole number"),
+    # A '_' between digits: tune_check's int() read "1_6" as 16 (and "٣" as 3), the others refused it with no reason.
+    ("tune_check", ["--max-batch-sizes", "4,1_6"], "got '4,1_6' (numbers are read without '_': 1000, not 1_000)"),
+    ("tune_check", ["--profile-sizes", "٣"], "got '٣' (numbers are read in ASCII: the digits 0-9)"),
+    ("tune_check", ["--default", "3_2,5ms"], "got '3_2,5ms' (numbers are read without '_': 1000, not 1_000)"),
+    ("refusal_cost", ["--rows", "1_0"], "got '1_0' (numbers are read without '_': 1000, not 1_000)"),
+    ("cold_batch", ["--sizes", "1_6"], "got '1_6' (numbers are read without '_': 1000, not 1_000)"),
+    ("slo_compare", ["--request-sizes", "1_6"], "got '1_6' (numbers are read without '_': 1000, not 1_000)"),
+    ("slo_compare", ["--fixed", "1_6,5ms"], "got '1_6,5ms' (numbers are read without '_': 1000, not 1_000)"),
     # A size below 1 started servers (0: max_batch_size 0; -3: a server that exited 2, then a traceback).
     ("slo_compare", ["--fixed", "0,5ms"], "--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY, a whole number >= 1"),
     ("slo_compare", ["--fixed=-3,5ms"], "got '-3,5ms'"),

@@ -51,7 +51,7 @@ def test_a_ctrl_c_as_the_rss_watch_stops_keeps_the_soak_the_table_the_json_and_t
     status = procs[0].returncode
     assert status == 0 and "Traceback" not in err and "interrupted" not in err, (status, err[-3000:])
     said = [line for line in err.splitlines() if "SIGINT" in line]
-    assert said == ["KeyboardInterrupt: SIGINT as the RSS watch stopped: the steps run are the result"], err[-3000:]
+    assert said == ["KeyboardInterrupt: SIGINT as the RSS watch stopped: the soak measured is the result"], err[-3000:]
     assert "RSS: 95.4 → 95.4 MiB" in stdout and "P99: first window" in stdout, stdout[-3000:]
     result = json.loads(out.read_text())
     section = result["soak"]
@@ -87,4 +87,4 @@ def test_a_signal_as_the_soaks_report_is_made_keeps_the_soak(bench_server, monke
         _restore_signals(interrupts)
     assert result["interrupted"] is None and result["soak"]["cut"] is None, result["interrupted"]
     assert result["soak"]["capacity"]["qps"] == 100.0 and result["soak"]["requests"]["errors"] == 0
-    assert said[-1] == "KeyboardInterrupt: SIGINT as the soak's report was made: the steps run are the result", said
+    assert said[-1] == "KeyboardInterrupt: SIGINT as the soak's report was made: the soak measured is the result", said

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wok.bench import faults
+from wok.bench import soak as soak_module
 from wok.bench.cli import _restore_signals, _signals_interrupt
 from wok.bench.runner import RampConfig
 from wok.bench.soak import RssSampler, parse_fraction, run_soak, soak_report
@@ -284,9 +286,35 @@ def test_a_ctrl_c_as_the_soaks_workers_stop_is_held_until_they_have_stopped(soak
             p.join()
     assert result["interrupted"] is None and result["soak"]["requests"]["errors"] == 0
     assert not left, left
-    assert said[-1] == "KeyboardInterrupt: SIGINT as the workers stopped: the steps run are the result", said
-    held = "wok bench: SIGINT as the workers stop (up to 10 s): waited for, then the steps run are the result"
+    assert said[-1] == "KeyboardInterrupt: SIGINT as the workers stopped: the soak measured is the result", said
+    held = "wok bench: SIGINT as the workers stop (up to 10 s): waited for, then the soak measured is the result"
     assert capfd.readouterr().err.count(held) == 1
+
+
+class _Replicas:
+    """What `faults.close_replicas_held` calls of a ReplicaSet: a close that a Ctrl-C comes in (as the soak's)."""
+
+    stop_wait_s = 40.0
+
+    def close(self, say) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize(
+    ("soak", "kept"), [({"cut": None}, "the soak measured is the result"), (None, "the steps run are the result")]
+)
+def test_a_signal_as_a_soaks_replicas_stop_says_what_the_result_is(soak, kept, capfd):
+    """A soak is one step: "the steps run are the result" (a ramp's words) was said for it, as its workers or its
+    replicas stopped. A run whose soak was not kept (cut before its first send, not started) has the capacity
+    ramp's steps as its result, and says so."""
+    said: list[str] = []
+    interrupts = _signals_interrupt()
+    try:
+        faults.close_replicas_held(_Replicas(), said.append, kept=soak_module._kept({"soak": soak}))
+    finally:
+        _restore_signals(interrupts)
+    assert said == [f"KeyboardInterrupt: SIGINT as the replicas stopped: {kept}"]
+    assert capfd.readouterr().err == f"wok bench: SIGINT as the replicas stop (up to 40 s): waited for, then {kept}\n"
 
 
 def test_a_soak_has_each_warning_of_its_pool_once(soak_server, monkeypatch):

@@ -334,6 +334,24 @@ UNDERSCORE_CASES = [
         ("plan", "--peak-qps", "1_000", "--t-batch", "20ms", "--batch-size", "16"),
         f"wok plan: --peak-qps: '1_000' is not a number{UNDERSCORE}",
     ),
+    # Refused, but until 2026-12-07 without a reason: as any other typo.
+    (
+        ("bench", "ramp", "--start-at", "1_700_000_000", "--target", "127.0.0.1:1"),
+        f"wok bench: --start-at: expected a Unix time in seconds, e.g. $(date +%s); got '1_700_000_000'{UNDERSCORE}",
+    ),
+    (
+        ("bench", "ramp", "--soak", "1s", "--soak-load", "8_0%", "--capacity", "10", "--target", "127.0.0.1:1"),
+        f"wok bench: --soak-load '8_0%': expected a share of the capacity such as 80% or 0.8, in (0, 1]{UNDERSCORE}",
+    ),
+    (
+        ("bench", "ramp", "--fault", "fail:at=3_0%,model=mlp", "--replicas", "1"),
+        "wok bench: --fault 'fail:at=3_0%,model=mlp': at='3_0%': expected a percentage of the ramp from 0% to 100%"
+        f"{UNDERSCORE}",
+    ),
+    (
+        ("tune", "--slo-p99", "20ms", "--alpha", "0ms", "--beta", "1ms", "--max-batch-sizes", "4,1_6"),
+        f"wok tune: --max-batch-sizes '4,1_6': expected whole numbers like 4,8,16{UNDERSCORE}",
+    ),
 ]
 
 
