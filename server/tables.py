@@ -1731,7 +1731,7 @@ class _AssignedAttribute(_Assigned, torch.fx.proxy.Attribute):
 
 # The key of a get_attr node's meta that says what the constant it reads holds where it is not the same at each call:
 # (the op that made it, low, high: `_TraceMade.of`; whether it holds floats).
-_MADE_AT_TRACE = "wok_made_at_trace"
+_MADE_AT_TRACE = "wok.made_at_trace"  # a node.meta key (a "wok_" name reads as a metric to the docs check)
 # What a tensor the trace saw made holds where it is not the same at each call, by the op that made it (`_TraceMade`).
 _NOT_SEEN = ""
 
