@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from wok.bench import faults
-from wok.bench import soak as soak_module
 from wok.bench.cli import _restore_signals, _signals_interrupt
 from wok.bench.runner import RampConfig
 from wok.bench.soak import RssSampler, parse_fraction, run_soak, soak_report
@@ -291,30 +290,41 @@ def test_a_ctrl_c_as_the_soaks_workers_stop_is_held_until_they_have_stopped(soak
     assert capfd.readouterr().err.count(held) == 1
 
 
-class _Replicas:
-    """What `faults.close_replicas_held` calls of a ReplicaSet: a close that a Ctrl-C comes in (as the soak's)."""
-
-    stop_wait_s = 40.0
-
-    def close(self, say) -> None:
-        signal.raise_signal(signal.SIGINT)
-
-
 @pytest.mark.parametrize(
-    ("soak", "kept"), [({"cut": None}, "the soak measured is the result"), (None, "the steps run are the result")]
+    ("slo_p99_ms", "kept"), [(2000.0, "the soak measured is the result"), (0.001, "the steps run are the result")]
 )
-def test_a_signal_as_a_soaks_replicas_stop_says_what_the_result_is(soak, kept, capfd):
-    """A soak is one step: "the steps run are the result" (a ramp's words) was said for it, as its workers or its
-    replicas stopped. A run whose soak was not kept (cut before its first send, not started) has the capacity
-    ramp's steps as its result, and says so."""
+def test_a_signal_as_a_soaks_replicas_stop_says_what_the_result_is(slo_p99_ms, kept, monkeypatch, capfd):
+    """A soak is one step: "the steps run are the result" (a ramp's words) was said for it as its replicas stopped.
+    A real run on a real replica, a real SIGINT as their stop begins: with an SLO the capacity ramp meets the soak
+    runs and is the result; with one it misses, no soak runs and the capacity ramp's steps are the result."""
+    close = faults.ReplicaSet.close
+    stopped: list[faults.ReplicaSet] = []
+
+    def close_with_a_ctrl_c(self, say=None) -> None:
+        stopped.append(self)
+        signal.raise_signal(signal.SIGINT)
+        close(self, say)
+
+    monkeypatch.setattr(faults.ReplicaSet, "close", close_with_a_ctrl_c)
+    args = argparse.Namespace(
+        capacity=None, soak="1s", soak_window=None, rss_every=None, soak_load="50%", replicas=1,
+        serve_args="--models mlp --torch-threads 1", replica_host=None, metrics_url="none",
+    )  # fmt: skip
+    cfg = RampConfig(
+        target="127.0.0.1:1", models=[("mlp", 1.0)], steps=[20], step_duration_s=0.5, warmup_s=0.2,
+        slo_p99_ms=slo_p99_ms,
+    )  # fmt: skip
     said: list[str] = []
-    interrupts = _signals_interrupt()
+    interrupts = _signals_interrupt()  # the CLI's handlers: the signal read as `wok bench ramp --soak` reads it
     try:
-        faults.close_replicas_held(_Replicas(), said.append, kept=soak_module._kept({"soak": soak}))
+        result = run_soak(args, cfg, say=said.append)
     finally:
         _restore_signals(interrupts)
-    assert said == [f"KeyboardInterrupt: SIGINT as the replicas stopped: {kept}"]
-    assert capfd.readouterr().err == f"wok bench: SIGINT as the replicas stop (up to 40 s): waited for, then {kept}\n"
+    assert (result["soak"] is not None) == (slo_p99_ms > 1), result["warnings"]
+    assert len(stopped) == 1 and all(r.proc.poll() is not None for r in stopped[0].replicas)
+    assert said[-1] == f"KeyboardInterrupt: SIGINT as the replicas stopped: {kept}", said
+    held = f"wok bench: SIGINT as the replicas stop (up to {stopped[0].stop_wait_s:g} s): waited for, then {kept}\n"
+    assert capfd.readouterr().err.count(held) == 1
 
 
 def test_a_soak_has_each_warning_of_its_pool_once(soak_server, monkeypatch):
