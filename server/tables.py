@@ -880,11 +880,15 @@ def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
     or an input (`ids.view(-1).sub_(1)`, `torch.sub(v, 1, out=v)`)."""
     schema = getattr(node.target, "_schema", None)
     if schema is None:  # operator.getitem of an op's results, a higher-order op
+        walk.share(node, ins)
         if _is_in_place(op) and node.args:
             walk.in_place(node.args[0], op, ins)
-        walk.share(node, ins)
         return
     changed, filled = _effects(schema)
+    if changed or filled or _bare(op) not in _FRESH:
+        # Before the change: the result may be the tensor changed, which the change reaches (`p.normal_(10, 5).long()`,
+        # `torch.randint(0, 20, s, out=p)`: what it draws, read from the result).
+        walk.share(node, ins)
     for name in filled:
         held = _schema_arg(node, name)
         if isinstance(held, torch.fx.Node):
@@ -894,8 +898,6 @@ def _program_writes(walk: _Walk, node, op: str, ins: list) -> None:
         for target in held if isinstance(held, (list, tuple)) else [held]:
             if isinstance(target, torch.fx.Node):
                 walk.in_place(target, _written_by(op, name), ins)
-    if changed or filled or _bare(op) not in _FRESH:
-        walk.share(node, ins)
 
 
 def _made(walk: _Walk, out, op: str, floats, into: bool = False, span=lambda: (None, None)) -> None:
@@ -1199,13 +1201,15 @@ class _Script:
         changed, filled = _effects(schema) if schema is not None else (["self"] if _is_in_place(kind) else [], [])
         if kind == "prim::SetAttr":
             self.walk.share(ins[0], ins)
+        if changed or filled or _bare(kind) not in _FRESH:
+            # Before the change: the result may be the tensor changed, which the change reaches
+            # (`torch.zeros(s).exponential_(0.1).long()`: what it draws, read from the result).
+            for out in outs:
+                self.walk.share(out, ins)
         for name in filled:
             self.walk.share(node.namedInput(name), ins)
         for name in changed:
             self.walk.in_place(ins[0] if schema is None else node.namedInput(name), _written_by(kind, name), ins)
-        if changed or filled or _bare(kind) not in _FRESH:
-            for out in outs:
-                self.walk.share(out, ins)
 
     def unset_floats(self, node, kind: str) -> bool:
         """Whether an op of `_UNSET` or `_DRAWN` makes floats: its dtype given, or where none is, torch's default
@@ -1632,17 +1636,18 @@ def _fx_unfollowed(walk: _Walk, node, name: str | None, shown: str, ins: list) -
     # constants holds ids past 100, and the graph has no add_. TorchScript's remainder with out= is not followed either.
     if (target is operator.mod or name == "remainder") and len(args) == 2 and not into:
         walk.remainder(node, args[1], walk.integer_of(args[0]), name or shown)
+    given = node.kwargs.get("out")
+    written = [given] if isinstance(given, torch.fx.Node) else [o for o in given or () if isinstance(o, torch.fx.Node)]
+    # The result of a function of the model's own, of a tensor's attribute (`ids.data`), of an op not in _FRESH
+    # (`ids.cpu()`, `ids += 1`) may be its argument: before the change, which then reaches it
+    # (`torch.zeros(s).exponential_(0.1).long()`: what it draws, read from the result).
+    if written or not known or _bare(name or shown) not in _FRESH:
+        walk.share(node, ins)
     in_place = name is not None and name.endswith("_") and not name.endswith("__")
     if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
         walk.in_place(args[0], shown, ins)
-    given = node.kwargs.get("out")
-    written = [given] if isinstance(given, torch.fx.Node) else [o for o in given or () if isinstance(o, torch.fx.Node)]
     for out in written:  # `torch.sub(ids, 1, out=ids)`: its result is `out`, changed
         walk.in_place(out, _written_by(shown, "out"), ins)
-    # The result of a function of the model's own, of a tensor's attribute (`ids.data`), of an op not in _FRESH
-    # (`ids.cpu()`, `ids += 1`) may be its argument.
-    if written or not known or _bare(name or shown) not in _FRESH:
-        walk.share(node, ins)
 
 
 def _fx_unset_floats(node, name: str) -> bool:

@@ -291,3 +291,40 @@ def test_a_remainder_changed_through_an_attribute_names_the_change():
         how = "mod by 2, then add_" if kind == "python" else "aten::remainder by 2, then aten::add_"
         what = "the Embedding module" if kind == "python" else "aten::embedding"
         assert found.unclear == {"ids": f"it reaches {what} through {how} in place, which wok does not follow"}, kind
+
+
+class DrawnInPlaceRead(Positions):
+    def forward(self, ids):
+        return self.looked_up(ids, torch.zeros(ids.shape).exponential_(0.1).long())
+
+
+class DrawnIntoOut(Positions):
+    def forward(self, ids):
+        positions = torch.zeros(2, 5, dtype=torch.long)
+        torch.randint(0, 20, (2, 5), out=positions)
+        return self.looked_up(ids, positions)
+
+
+class DrawnInPlaceThenRead(Positions):
+    def forward(self, ids):
+        positions = torch.zeros(2, 5)
+        positions.normal_(10.0, 5.0)
+        return self.looked_up(ids, positions.abs().long())
+
+
+def test_a_draw_in_place_read_from_its_result_publishes_no_bound(tmp_path):
+    """What an in-place draw returns is the tensor it changed: `torch.zeros(s).exponential_(0.1).long()` published
+    100 as TorchScript (the draw marked the zeros, not its result), and torch.export, which reads an in-place op's
+    result after it, published 100 for each (`p.normal_(...)`, `randint(..., out=p)` too), where ids 0 fail."""
+    servable = _loaded(tmp_path / "drawn", DrawnInPlaceRead())
+    torch.manual_seed(0)
+    ids_0_fail(servable, tries=20)
+    zeros = torch.zeros(2, 5, dtype=torch.long)
+    for cls in (DrawnInPlaceRead, DrawnIntoOut, DrawnInPlaceThenRead):
+        module = cls().eval()
+        assert _fails_in_20_calls(module, zeros), cls.__name__
+        for kind, model in _forms(module).items():
+            assert _fails_in_20_calls(model.module() if kind == "exported" else model, zeros), (cls.__name__, kind)
+            found = id_ranges(model, ["ids"], I64)
+            assert (found.bounds, found.rows) == ({}, {"ids": V}), (cls.__name__, kind, found.unclear)
+            assert "draws" in found.unpublished["ids"], (cls.__name__, kind, found.unpublished)
