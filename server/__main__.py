@@ -33,7 +33,7 @@ from pathlib import Path
 # gRPC's environment (GRPC_VERBOSITY, GRPC_ENABLE_FORK_SUPPORT) is the command's to set, in wok.entry before
 # grpc loads, not this module's import: importing it as a library would keep them for the whole process.
 from .cliargs import ArgumentParser, one_line
-from .entry import leave
+from .entry import leave, reset_in_forked_children
 from .errors import ConfigError, InterruptedWorkLeft, WarmupError, error_line, quoted_name
 from .numerals import digits_note, read_float, read_int
 
@@ -533,6 +533,7 @@ class _StopSignal:
         self._before: dict[int, object] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # bound: see `bind`
         self._wakeup: tuple[socket.socket, socket.socket] | None = None  # (read end, the wakeup fd) where bound
+        self._installed = False  # from `install` to `uninstall`: a child forked meanwhile sets these back
 
     def install(self, held=None) -> None:
         """`held`: wok.entry's `_HeldSignals`, which held SIGTERM and SIGHUP as this module imported: the handlers
@@ -546,10 +547,23 @@ class _StopSignal:
         # After the handlers: one held here came before any these take (one in the moment between is taken first).
         for sig in () if held is None else held.received:
             self._on_signal(sig)
+        self._installed = True
+        reset_in_forked_children(lambda: self._installed, self._in_forked_child)
+
+    def _in_forked_child(self) -> None:
+        """A child forked from this process (a python model's own `multiprocessing` process): the handlers these
+        replaced, where still these, and no wakeup fd, the one it inherited being the parent's loop's. With these
+        handlers a SIGTERM only marked a stop in the child's copy of the server, which runs nothing."""
+        self._installed = False
+        for sig, handler in self._before.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        signal.set_wakeup_fd(-1)
 
     def uninstall(self) -> None:
         """Not `wok serve` after all: the handlers as they were, and a signal that came meanwhile
         delivered to them."""
+        self._installed = False
         for sig, handler in self._before.items():
             signal.signal(sig, handler)
         if self.received is not None:

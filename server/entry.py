@@ -134,6 +134,7 @@ class _ExitSignals:
     def __init__(self) -> None:
         self.status: int | None = None
         self.armed: list[int] = []
+        self.ignored: list[int] = []  # those `teardown` ignores
 
     def returned(self, status: int) -> None:
         import signal  # the command has imported it already
@@ -151,6 +152,10 @@ class _ExitSignals:
         for s in armed:
             signal.signal(s, self._leave)  # a Python handler: what has the signal written to the wakeup fd
         self.armed = armed
+        # A thread left running may fork (a python model's own `multiprocessing` process): its child would leave with
+        # this status at SIGTERM, not die by it, and its signals would write to the wakeup fd below, which this
+        # process's thread reads as its own: it left, as its child was told to.
+        reset_in_forked_children(lambda: True, self._in_forked_child)
         _flush()  # block-buffered into a pipe, the output waited for the joins
         if not armed:
             return
@@ -166,6 +171,17 @@ class _ExitSignals:
     def _leave(self, _signum=None, _frame=None) -> None:
         leave(self.status or 0)  # None: 0, as sys.exit takes it
 
+    def _in_forked_child(self) -> None:
+        """A child forked once the command returned: Python's defaults for those these handle or ignored (none was
+        ignored at the start: those stay so), and no wakeup fd, the one it inherited being this process's."""
+        import signal
+
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            current = signal.getsignal(s)
+            if (s in self.armed and current == self._leave) or (s in self.ignored and current is signal.SIG_IGN):
+                signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+
     def teardown(self) -> None:
         import signal
 
@@ -175,6 +191,47 @@ class _ExitSignals:
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if callable(signal.getsignal(s)):
                 signal.signal(s, signal.SIG_IGN)
+                self.ignored.append(s)
+
+
+def reset_in_forked_children(applies, reset) -> None:
+    """Has a child forked from here on (a python model's `multiprocessing` process of the fork context, say) run
+    `reset` first, where `applies()` says so: wok's signal handlers and wakeup fd set back, which it inherits. Under
+    `wok serve`'s handlers such a child ignored SIGTERM (`Process.terminate()` left it running until SIGKILL), and its
+    signals, written to the wakeup fd it shares with the parent, woke the parent's loop for them (until e9d49a3 that
+    stopped the server).
+
+    SIGINT, SIGTERM and SIGHUP are blocked on the forking thread from before the fork until `reset` has run in the
+    child (the parent's mask back right after the fork): one sent to the child before then was lost, taken by the
+    handler its fork inherited or dropped as Python cleared its pending signals (`start()` then `terminate()`: 50 in
+    50 lost with the handlers reset alone), where now it waits for the handlers `reset` puts back.
+    os.register_at_fork cannot be undone: `applies` is asked at each fork."""
+    import signal
+    import threading
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    masks: dict[int, set] = {}  # the forking thread's mask before the fork, by thread: two may fork at once
+
+    def before() -> None:
+        if applies():
+            masks[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+    def after_in_parent() -> None:
+        mask = masks.pop(threading.get_ident(), None)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def after_in_child() -> None:
+        # The forking thread is the child's main thread (its ident kept), where signal.signal is allowed.
+        mask = masks.pop(threading.get_ident(), None)
+        if mask is None:
+            return
+        try:
+            reset()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    os.register_at_fork(before=before, after_in_parent=after_in_parent, after_in_child=after_in_child)
 
 
 def _flush() -> None:
