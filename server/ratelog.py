@@ -143,8 +143,9 @@ class TracebackLog:
         # loop: a timer armed on one loop and cancelled or re-armed from another loop's thread (asyncio's handles and
         # uvloop's libuv timers are their loop's thread's alone) raced that loop.
         self.window_ends: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle] = {}
-        # Reentrant: a logging handler that fails a request of the same model (its own check) would deadlock a Lock.
-        self._lock = threading.RLock()
+        # Held while the state changes, never while a line is said: a logging handler may wait on another thread (a
+        # log shipper handing records to another loop) whose server holds a failure meanwhile, and both hung.
+        self._lock = threading.Lock()
         self._types: dict[str, int] = {}  # what is held, by exception type's name
         self._closed = False
         self._opened = 0  # the servers serving with it now: each open()s it at its start and close()s it at its stop
@@ -158,39 +159,47 @@ class TracebackLog:
             if self._closed:
                 # At the stop no timer would tell what a window held (the loop ends), and a timer armed now would
                 # outlive the stop's close: told now, each whole (the stop handles no request: a few at most).
-                self.logger.log(self.level, "%s", line or self.subject, exc_info=exc)
-                return
-            held = self.throttle.due()
-            if held is None:
-                name = type(exc).__name__
-                self._types[name] = self._types.get(name, 0) + 1
-                if loop is not None and loop not in self.window_ends:
-                    self._forget_closed_loops()
-                    self.window_ends[loop] = loop.call_later(self.throttle.left(), self._window_ended, loop)
-                return
-            self._types.clear()  # counted in this line
-            more = f" ({held} more {self.counted} since the last logged)" if held else ""
-            self.logger.log(self.level, "%s%s", line or self.subject, more, exc_info=exc)
+                more = ""
+            else:
+                held = self.throttle.due()
+                if held is None:
+                    name = type(exc).__name__
+                    self._types[name] = self._types.get(name, 0) + 1
+                    if loop is not None and loop not in self.window_ends:
+                        self._forget_closed_loops()
+                        self.window_ends[loop] = loop.call_later(self.throttle.left(), self._window_ended, loop)
+                    return
+                self._types.clear()  # counted in this line
+                more = f" ({held} more {self.counted} since the last logged)" if held else ""
+        self.logger.log(self.level, "%s%s", line or self.subject, more, exc_info=exc)
 
     def _window_ended(self, loop: asyncio.AbstractEventLoop) -> None:
         """A window's timer on `loop`, run by it: what any loop held, told once the window is over."""
+        lines: list[tuple] = []
         with self._lock:
             del self.window_ends[loop]  # only this loop's thread cancels its timer, which then never runs: this one
-            wait = self.throttle.ended(self._tell_held)
+            wait = self.throttle.ended(lambda held: self._held_line(held, "", lines))
             if wait:
                 self.window_ends[loop] = loop.call_later(wait, self._window_ended, loop)
+        self._say(lines)
 
     def _forget_closed_loops(self) -> None:
         # A server stopped, its loop closed without the log's close (a test's asyncio.run): that timer never runs.
         for loop in [loop for loop in self.window_ends if loop.is_closed()]:
             del self.window_ends[loop]
 
-    def _tell_held(self, held: int, why: str = "") -> bool:
+    def _held_line(self, held: int, why: str, lines: list[tuple]) -> bool:
+        """The line that tells the `held` failures counted (by type), into `lines`, to be said once the lock is let go
+        (`_say`); the count starts again."""
         types = ", ".join(f"{name}: {n}" for name, n in sorted(self._types.items(), key=lambda kv: -kv[1]))
         self._types.clear()
         times = "time" if held == 1 else "times"
-        self.logger.log(self.level, "%s %d more %s since the last logged (%s)%s", self.subject, held, times, types, why)
+        lines.append((self.subject, held, times, types, why))
         return True
+
+    def _say(self, lines: list[tuple]) -> None:
+        for args in lines:
+            self.logger.log(self.level, "%s %d more %s since the last logged (%s)%s", *args)
 
     def open(self) -> None:
         """A server starts serving with it: its failures are rate-limited (again, after a close), until every server
@@ -212,6 +221,7 @@ class TracebackLog:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
+        lines: list[tuple] = []
         with self._lock:
             if not self._opened:
                 raise RuntimeError(f"{self.subject}: its log was closed more times than it was opened")
@@ -224,8 +234,8 @@ class TracebackLog:
             held, self.throttle.held = self.throttle.held, 0
             if held:
                 if servers == 1:
-                    self._tell_held(held, ", as the server stops")
+                    self._held_line(held, ", as the server stops", lines)
                 else:
-                    self._tell_held(
-                        held, f", as one of the {servers} servers serving it stops (counted in all of them)"
-                    )
+                    why = f", as one of the {servers} servers serving it stops (counted in all of them)"
+                    self._held_line(held, why, lines)
+        self._say(lines)

@@ -138,3 +138,49 @@ def test_a_traceback_log_closed_more_times_than_opened_raises(caplog):
         failures.failed(ValueError("a"))
         failures.failed(ValueError("b"))
     assert [str(r.exc_info[1]) for r in caplog.records] == ["a", "b"]
+
+
+@pytest.mark.parametrize("said", ["first", "held", "stop"])
+def test_a_line_is_said_with_no_lock_held_so_a_handler_may_wait_on_another_threads_failure(said):
+    """A logging handler that waits, as it says a line, on another thread where a failure of the same log comes and is
+    held (a log shipper handing records to another server's loop): with the line said under the log's lock, that
+    failure waited for the lock and the handler for it, both hung until the handler's own timeout (a review's repro:
+    3.5 s). A failure's traceback, a window's end, the stop of one of two servers. (The other thread's failure is
+    one held, saying nothing: one said would wait for the handler's own lock, which logging holds through `emit`.)"""
+    import threading
+
+    logger = logging.getLogger(f"test.ratelog.unlocked.{said}")
+    logger.propagate = False
+    failures = TracebackLog(logger, logging.WARNING, "model 'm': its check (m:check) failed", "failures of its check")
+    now = [0.0]
+    failures.throttle.clock = lambda: now[0]
+    failures.open()
+    failures.open()  # two servers: the first one's stop leaves it open, the other thread's failure held
+    waits = [said == "first"]
+    other: list[threading.Thread] = []
+
+    class WaitsOnAnotherThread(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if waits[0] and not other:
+                other.append(threading.Thread(target=failures.failed, args=(ValueError("test: meanwhile"),)))
+                other[0].start()
+                other[0].join(10)
+
+    logger.addHandler(WaitsOnAnotherThread())
+    failures.failed(ValueError("test: first"))
+    if said != "first":
+        failures.failed(ValueError("test: held"))
+        waits[0] = True
+        if said == "held":
+            now[0] += failures.throttle.every_s
+            asyncio.run(_a_window_ends(failures))
+        else:
+            failures.close()
+    assert other and not other[0].is_alive(), "the other thread's failure waited for the lock the line was said under"
+    assert failures.throttle.held == 1  # the other thread's, held
+
+
+async def _a_window_ends(failures: TracebackLog) -> None:
+    loop = asyncio.get_running_loop()
+    failures.window_ends[loop] = loop.call_soon(failures._window_ended, loop)
+    await until(lambda: loop not in failures.window_ends)
