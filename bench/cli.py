@@ -163,7 +163,8 @@ def add_parser(sub) -> None:
     _add_outputs(p)
     faults.add_arguments(p)
     soak.add_arguments(p)
-    p.set_defaults(run=_quiet_when_stdout_closes(run))
+    # True under the `wok` command (server/__main__.py): `_restore_signals`.
+    p.set_defaults(run=_quiet_when_stdout_closes(run), exit_takes_signals=False)
     add_merge_parser(bsub)
 
 
@@ -806,9 +807,16 @@ class _Interrupts:
         self.whole = True
 
 
-def _restore_signals(interrupts: _Interrupts | None) -> None:
+def _restore_signals(interrupts: _Interrupts | None, exit_takes_them: bool = False) -> None:
+    """The handlers the bench's replaced, put back; with `exit_takes_them` (the `wok` command, whose exit takes the
+    signals over from the bench's: wok.entry's `_ExitSignals.returned`) left as they are once the run is whole."""
     import signal
 
+    if exit_takes_them and interrupts is not None and interrupts.whole:
+        # Put back, Python's default raised a KeyboardInterrupt on the way out of the command (`wok bench:
+        # interrupted`, 130) and SIGTERM or SIGHUP killed the process: the run's status lost to a signal after its
+        # result was printed (18 of 40 ramps SIGINTed 40-80 us after their last line).
+        return
     for s, handler in (interrupts.previous if interrupts is not None else {}).items():
         if handler is not None:  # None: set outside Python, which cannot be put back from here
             signal.signal(s, handler)
@@ -1194,7 +1202,7 @@ def run(args) -> int:
         # Its lines too before the handlers go back: a signal after them is the process's exit's (wok.entry).
         return _exit_status(result, args)
     finally:
-        _restore_signals(interrupts)
+        _restore_signals(interrupts, args.exit_takes_signals)
 
 
 def _probe_after(probe_s: float, late_signal: str | None) -> dict:

@@ -1035,6 +1035,9 @@ def main(argv: list[str] | None = None, held=None) -> int:
             # A Ctrl-C while the parsers loaded, held by the handlers of `wok serve`, is raised here.
             stop_signal.uninstall()
             logging.basicConfig(level=logging.WARNING)
+            # Called by wok.entry.main (`held`), whose exit takes the signals over from the command's own handlers,
+            # which a command that has its result leaves to it (bench/cli.py's `_restore_signals`); else put back.
+            args.exit_takes_signals = held is not None
             return args.run(args)
         except ValueError as exc:  # a bad option value, named by the parser that refused it
             print(f"wok {args.command}: {one_line(str(exc))}", file=sys.stderr)

@@ -68,10 +68,11 @@ def main() -> int:
             at_exit.returned(status)
             return status
         except KeyboardInterrupt:
-            # A Ctrl-C from the command's own handlers put back (bench/cli.py's `_restore_signals`) to `returned`'s
-            # first: the default's, raised there before SIGINT is armed (nothing done yet). The command has its
-            # status; a traceback and death by SIGINT (-2) lost it (seen once under CI's load). SIGTERM or SIGHUP in
-            # that moment still meet the default action.
+            # A Ctrl-C from the command's own handlers put back to `returned`'s first (a bench run that has no result:
+            # bench/cli.py's `_restore_signals`, which leaves a whole run's to `returned`): the default's, raised there
+            # before SIGINT is armed (nothing done yet). The command has its status; a traceback and death by SIGINT
+            # (-2) lost it (seen once under CI's load). SIGTERM or SIGHUP in that moment still meet the default
+            # action.
             pass
 
 
@@ -147,8 +148,9 @@ class _ExitSignals:
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
             if signal.getsignal(s) not in (signal.SIG_IGN, None)
         ]
-        # First: from the command's own handlers put back (bench/cli.py's) to here a signal is the default's, a
-        # KeyboardInterrupt out of main or the process's end; the thread's start (~0.1 ms) before these widened that.
+        # First: from the command's own handlers put back to here a signal is the default's, a KeyboardInterrupt out
+        # of main or the process's end (a bench run with its result leaves its own to this, `main`'s `held` given:
+        # bench/cli.py's `_restore_signals`); the thread's start (~0.1 ms) before these widened that.
         for s in armed:
             signal.signal(s, self._leave)  # a Python handler: what has the signal written to the wakeup fd
         self.armed = armed

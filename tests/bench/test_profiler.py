@@ -472,7 +472,10 @@ def test_with_two_keys_the_fit_is_on_the_mean_of_their_medians_not_the_mixtures_
     for b, row in zip(doc["batches"], rows, strict=True):
         assert b["fitted_on_throughput_qps"] == b["batch_size"] / b["fitted_on_s"]
         assert row[3] == profiler._ms(b["fitted_on_s"]) and row[5] == f"{b['fitted_on_throughput_qps']:.0f}"
-        assert b["throughput_qps"] == b["batch_size"] / b["median_s"] > b["fitted_on_throughput_qps"]
+        # Not ordered against the fitted-on QPS: the mixture's median (8th of 15) is the second slowest of the 9
+        # batches of bucket 8, and two of those held up ~6 ms by a busy host put it past the fitted-on point at n = 1
+        # (2 in 40 runs beside 10 CPU hogs). The table's QPS is the fitted-on one (the row, above) either way.
+        assert b["throughput_qps"] == b["batch_size"] / b["median_s"]
     assert any(line.startswith("fitted on ms: each batching key's median") for line in profiler.summary_lines(doc))
 
 
